@@ -1,0 +1,74 @@
+# GLM-5 GGUF on Blackwell (SM120) with vLLM: the user interface. `make help` lists targets.
+SHELL := bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+MAKEFLAGS += --no-builtin-rules
+
+PYTHON      ?= python3.11
+VENV        := .venv
+PY          := $(VENV)/bin/python
+# The runtime environment (vllm==0.23.0 + transformers + torch + triton, ~9 GB) lives outside the
+# repo so every clone shares it; its name carries a hash of its requirements, so a pin change
+# builds a new one instead of mutating the old.
+CACHE_DIR   ?= $(or $(XDG_CACHE_HOME),$(HOME)/.cache)/glm5-sm120
+RUNTIME_REQ := requirements/runtime.in
+RUNTIME_VENV ?= $(CACHE_DIR)/runtime-$(shell sha256sum $(RUNTIME_REQ) | cut -c1-12)
+RUNTIME_PY  := $(RUNTIME_VENV)/bin/python
+PYTEST_ARGS ?=
+
+HOST      ?= localhost
+INVENTORY ?= inventory/hosts.yml
+
+.PHONY: help test test-controller test-runtime lint format bench runtime lock merge clean
+
+help: ## List targets
+	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n",$$1,$$2}'
+
+$(VENV)/.installed: requirements/controller.txt
+	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "error: the controller needs Python 3.11"'
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/controller.txt
+	touch $@
+
+$(RUNTIME_VENV)/.installed: $(RUNTIME_REQ)
+	rm -rf $(RUNTIME_VENV)
+	$(PYTHON) -m venv $(RUNTIME_VENV)
+	$(RUNTIME_VENV)/bin/pip install -q --disable-pip-version-check -r $(RUNTIME_REQ)
+	$(RUNTIME_VENV)/bin/pip check
+	touch $@
+
+runtime: $(RUNTIME_VENV)/.installed ## Build the cached vLLM 0.23.0 runtime env (~9 GB, ~8 min once)
+	@echo "$(RUNTIME_VENV)"
+
+test: test-controller test-runtime ## Run the whole test suite (CPU only; GPU tests are skipped)
+
+test-controller: $(VENV)/.installed
+	$(VENV)/bin/pytest -m "not runtime" $(PYTEST_ARGS)
+
+test-runtime: $(RUNTIME_VENV)/.installed
+	$(RUNTIME_PY) -m pytest -m "runtime" $(PYTEST_ARGS)
+
+lint: $(VENV)/.installed ## Lint Python (ruff), YAML (yamllint) and Ansible (ansible-lint)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/yamllint -s .
+	if [ -d playbooks/roles ]; then $(VENV)/bin/ansible-lint; fi
+
+format: $(VENV)/.installed ## Reformat Python with ruff
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+merge: $(VENV)/.installed ## Merge split GGUF shards: make merge SHARD=x-00001-of-00010.gguf OUT=x.gguf
+	@[ -n "$(SHARD)" ] && [ -n "$(OUT)" ] || { echo "error: set SHARD= (any shard) and OUT= (merged file)" >&2; exit 2; }
+	$(PY) scripts/gguf_merge.py $(MERGE_ARGS) "$(SHARD)" "$(OUT)"
+
+lock: ## Re-resolve requirements/controller.txt from controller.in
+	rm -rf /tmp/glm5-lock && $(PYTHON) -m venv /tmp/glm5-lock
+	/tmp/glm5-lock/bin/pip install -q -r requirements/controller.in
+	{ echo "# Generated from controller.in by: pip freeze (Python 3.11). Regenerate: make lock"; \
+	  /tmp/glm5-lock/bin/pip freeze; } > requirements/controller.txt
+
+clean: ## Remove the controller venv and caches inside the repo
+	rm -rf $(VENV) .pytest_cache .ruff_cache
