@@ -18,8 +18,10 @@ import argparse
 import contextlib
 import json
 import socket
+import sys
 import threading
 import time
+import traceback
 from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,8 +36,10 @@ class Behaviour:
 
     models: list[str] = field(default_factory=lambda: ["tiny-glm5"])
     api_key: str | None = None  # when set, every /v1 request needs `Authorization: Bearer <key>`
+    accept_any_key: bool = False  # broken auth: any bearer key passes, only a missing one fails
     completion_text: str = " the quick brown fox"
     chat_text: str = "Hello from the fake server."
+    chat_reasoning: str | None = None  # sent as `reasoning_content`, as vLLM's reasoning parsers do
     # Pieces the streamed chat answer is sent in, one SSE event each.
     stream_pieces: list[str] = field(default_factory=lambda: ["Hello", " from", " the", " stream."])
     stream: StreamMode = "ok"
@@ -49,6 +53,7 @@ class Behaviour:
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server: _Server
+    body: dict[str, Any]
 
     def setup(self) -> None:
         super().setup()
@@ -83,9 +88,10 @@ class _Handler(BaseHTTPRequestHandler):
         key = self.server.behaviour.api_key
         if key is None:
             return True
-        if self.headers.get("Authorization") == f"Bearer {key}":
+        auth = self.headers.get("Authorization") or ""
+        if auth == f"Bearer {key}" or (self.server.behaviour.accept_any_key and auth):
             return True
-        self._send_error(401, "Unauthorized")
+        self._send_json(401, {"error": "Unauthorized"})  # what vLLM's key middleware sends
         return False
 
     def _read_body(self) -> dict[str, Any]:
@@ -93,8 +99,9 @@ class _Handler(BaseHTTPRequestHandler):
         return json.loads(self.rfile.read(length) or b"{}")
 
     def _common(self) -> bool:
-        """Record, authenticate, delay and force errors; False when the request is answered."""
+        """Read, record, authenticate, delay, force errors; False when the request is answered."""
         b = self.server.behaviour
+        self.body = self._read_body()  # always, so an early answer leaves the connection clean
         with self.server.lock:
             self.server.requests.append(
                 (self.command, self.path, self.headers.get("Authorization"))
@@ -125,7 +132,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:  # noqa: N802  (http.server naming)
         if not self._common():
             return
-        body = self._read_body()
+        body = self.body
         b = self.server.behaviour
         if body.get("model") not in b.models:
             self._send_error(404, f"The model `{body.get('model')}` does not exist.")
@@ -161,7 +168,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _chat(self, body: dict[str, Any]) -> None:
         text = self.server.behaviour.chat_text
-        message = {"role": "assistant", "content": text}
+        message: dict[str, Any] = {"role": "assistant", "content": text or None}
+        if self.server.behaviour.chat_reasoning is not None:
+            message["reasoning_content"] = self.server.behaviour.chat_reasoning
         self._send_json(
             200,
             {
@@ -234,6 +243,15 @@ class _Server(ThreadingHTTPServer):
         self.chat_count = 0
         self.in_flight = 0
         self.max_in_flight = 0
+        self.errors: list[str] = []
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Record instead of printing to stderr, so the tests can see (and assert) them. A client
+        # that closes an idle keep-alive connection (ECONNRESET) is normal, not an error.
+        if isinstance(sys.exc_info()[1], ConnectionResetError | BrokenPipeError):
+            return
+        with self.lock:
+            self.errors.append(traceback.format_exc())
 
 
 class FakeOpenAIServer:
@@ -261,6 +279,12 @@ class FakeOpenAIServer:
         """(method, path, Authorization header) of every request received, in order."""
         with self._server.lock:
             return list(self._server.requests)
+
+    @property
+    def errors(self) -> list[str]:
+        """Tracebacks of exceptions raised while handling requests (a client hanging up...)."""
+        with self._server.lock:
+            return list(self._server.errors)
 
     @property
     def max_in_flight(self) -> int:
