@@ -688,7 +688,13 @@ def main(argv: list[str] | None = None) -> int:
         smoke.client.close()
     print(format_table(report))
     if args.json is not None:
-        write_json_atomically(report.to_json(), args.json)
+        try:
+            write_json_atomically(report.to_json(), args.json)
+        except OSError as exc:
+            print(
+                f"error: --json: cannot write {args.json}: {exc.strerror or exc}", file=sys.stderr
+            )
+            return 1
     return 0 if report.passed else 1
 
 

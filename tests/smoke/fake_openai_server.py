@@ -39,7 +39,8 @@ class Behaviour:
     accept_any_key: bool = False  # broken auth: any bearer key passes, only a missing one fails
     completion_text: str = " the quick brown fox"
     chat_text: str = "Hello from the fake server."
-    chat_reasoning: str | None = None  # sent as `reasoning_content`, as vLLM's reasoning parsers do
+    chat_reasoning: str | None = None  # the answer's reasoning part, as a reasoning parser sends it
+    reasoning_field: str = "reasoning"  # vLLM 0.23.0's name; older servers: reasoning_content
     # Pieces the streamed chat answer is sent in, one SSE event each.
     stream_pieces: list[str] = field(default_factory=lambda: ["Hello", " from", " the", " stream."])
     stream: StreamMode = "ok"
@@ -170,7 +171,7 @@ class _Handler(BaseHTTPRequestHandler):
         text = self.server.behaviour.chat_text
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
         if self.server.behaviour.chat_reasoning is not None:
-            message["reasoning_content"] = self.server.behaviour.chat_reasoning
+            message[self.server.behaviour.reasoning_field] = self.server.behaviour.chat_reasoning
         self._send_json(
             200,
             {

@@ -147,8 +147,10 @@ def test_api_key_from_environment(capsys, tmp_path, server, monkeypatch) -> None
     assert report["checks"]["auth"]["status"] == "pass"
 
 
-def test_reasoning_content_counts_as_chat_text(capsys, tmp_path, behaviour, server) -> None:
+@pytest.mark.parametrize("field", ["reasoning", "reasoning_content"])
+def test_reasoning_counts_as_chat_text(capsys, tmp_path, behaviour, server, field: str) -> None:
     behaviour.chat_text, behaviour.chat_reasoning = "", "Let me think about hello."
+    behaviour.reasoning_field = field
     rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
     assert (rc, err) == (0, [])
     assert report["checks"]["chat_completion"]["detail"] == (
@@ -465,6 +467,16 @@ def test_help(capsys) -> None:
     assert out.startswith("usage: smoke_test.py [-h] [--base-url BASE_URL]")
     assert "examples:" in out
     assert " ".join(out.split()).count("(default: http://127.0.0.1:8000/v1)") == 1
+
+
+def test_report_write_failure(capsys, tmp_path, server) -> None:
+    target = tmp_path / "taken"
+    target.mkdir()  # a directory where the report should go: the rename fails
+    rc = smoke_test.main(["--base-url", server.base_url, "--api-key", KEY, "--json", str(target)])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert err == f"error: --json: cannot write {target}: Is a directory\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # temporary file removed
 
 
 def test_script_entry_point(tmp_path, repo: Path) -> None:
