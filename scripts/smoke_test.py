@@ -208,14 +208,14 @@ class Smoke:
         self.args = args
         self.base_url = base_url
         self.timeout: float = args.timeout
-        # Without a key, send a placeholder: the client insists on one, and a keyless
-        # server ignores it (this also keeps the client from reading OPENAI_API_KEY).
         http_client = None
         if base_url.startswith("http://"):
             # Plain HTTP never negotiates TLS: skip loading the CA store (~0.3 s a client).
             http_client = openai.DefaultHttpxClient(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
         self.client = openai.OpenAI(
             base_url=base_url,
+            # Without a key, a placeholder: the client insists on one, a keyless server
+            # ignores it, and the client never falls back to OPENAI_API_KEY.
             api_key=args.api_key or "EMPTY",
             timeout=self.timeout,
             max_retries=0,
@@ -611,31 +611,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--base-url",
+        metavar="URL",
         default=DEFAULT_BASE_URL,
         help="server root or its /v1 URL; /v1 is appended when the path does not end in it "
         "(default: %(default)s)",
     )
     p.add_argument(
         "--api-key",
+        metavar="KEY",
         default=os.environ.get("VLLM_API_KEY") or None,
         help="the endpoint's API key; also enables the 401 check (default: $VLLM_API_KEY, "
         "else none; prefer the variable: command lines are visible to other users)",
     )
-    p.add_argument("--model", help="model to test (default: the first one /v1/models lists)")
+    p.add_argument(
+        "--model", metavar="NAME", help="model to test (default: the first one /v1/models lists)"
+    )
     p.add_argument(
         "--requests",
+        metavar="N",
         type=_positive_int,
         default=8,
         help="streamed requests in the concurrency check (default: %(default)s)",
     )
     p.add_argument(
         "--concurrency",
+        metavar="C",
         type=_positive_int,
         default=4,
         help="requests in flight at once, at most --requests (default: %(default)s)",
     )
     p.add_argument(
         "--max-tokens",
+        metavar="T",
         type=int,
         default=32,
         help="max_tokens of every generation, >= 2 so a stream has several chunks "
@@ -643,6 +650,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--timeout",
+        metavar="SECONDS",
         type=_positive_float,
         default=60.0,
         help="seconds to wait for a response, or for the next bytes of a stream "

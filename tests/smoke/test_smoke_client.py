@@ -464,7 +464,10 @@ def test_help(capsys) -> None:
         smoke_test.main(["--help"])
     assert exc.value.code == 0
     out = capsys.readouterr().out
-    assert out.startswith("usage: smoke_test.py [-h] [--base-url BASE_URL]")
+    assert " ".join(out.split()).startswith(
+        "usage: smoke_test.py [-h] [--base-url URL] [--api-key KEY] [--model NAME] [--requests N] "
+        "[--concurrency C] [--max-tokens T] [--timeout SECONDS] [--json FILE] [-v]"
+    )
     assert "examples:" in out
     assert " ".join(out.split()).count("(default: http://127.0.0.1:8000/v1)") == 1
 
