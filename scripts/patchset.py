@@ -31,7 +31,7 @@ PRISTINE, PATCHED, DRIFTED, MISSING = "pristine", "patched", "drifted", "missing
 MANIFEST_HEADER = (
     "# sha256 of every file the series touches: before (pristine vLLM) and after (whole series).\n"
     "# Columns: before after path. Regenerate after changing the series (maintainers):\n"
-    "#   python scripts/vllm_patches.py manifest --site-packages DIR   (DIR holds a pristine vllm/)\n"
+    "#   python scripts/vllm_patches.py manifest --site-packages DIR  (DIR: a pristine vllm/)\n"
 )
 REQUIRED_FIELDS = ("Description", "Author", "Origin", "Upstream-Status", "Last-Update")
 OPTIONAL_FIELDS = ("Bug", "Forwarded", "Applied-Upstream")
@@ -139,7 +139,7 @@ def check_header(fields: dict[str, str]) -> list[str]:
         if not body:
             problems.append("Description has no indented why/what/how-tested lines")
     if "Origin" in fields and not _ORIGIN.match(fields["Origin"]):
-        problems.append(f"Origin {fields['Origin']!r} is not vendor | upstream, URL | backport, URL")
+        problems.append(f"Origin {fields['Origin']!r} is not vendor|upstream, URL|backport, URL")
     if "Upstream-Status" in fields and not _UPSTREAM_STATUS.match(fields["Upstream-Status"]):
         problems.append(f"Upstream-Status {fields['Upstream-Status']!r} is not OE vocabulary")
     if "Last-Update" in fields:

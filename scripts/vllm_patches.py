@@ -26,8 +26,10 @@ import patchset as ps
 
 EXAMPLES = """examples:
   python scripts/vllm_patches.py status
-  python scripts/vllm_patches.py apply --site-packages /opt/vllm/lib/python3.11/site-packages
-  python scripts/vllm_patches.py verify --json --site-packages /opt/vllm/lib/python3.11/site-packages
+  SITE=/opt/vllm/lib/python3.11/site-packages
+  python scripts/vllm_patches.py apply --site-packages "$SITE"
+  python scripts/vllm_patches.py verify --json --site-packages "$SITE"
+  python scripts/vllm_patches.py manifest --site-packages /tmp/pristine  # maintainers
 """
 
 
