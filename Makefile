@@ -72,3 +72,18 @@ lock: ## Re-resolve requirements/controller.txt from controller.in
 
 clean: ## Remove the controller venv and caches inside the repo
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# --- vLLM patch series (patches/vllm-0.23.0, scripts/vllm_patches.py) ---
+.PHONY: verify-patches patch-tool
+RUNTIME_SITE = $(shell $(RUNTIME_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+verify-patches: $(RUNTIME_VENV)/.installed patch-tool ## Verify the vLLM patch series on the local runtime env
+	$(RUNTIME_PY) scripts/vllm_patches.py verify --site-packages "$(RUNTIME_SITE)"
+
+# GNU patch applies the series; minimal Debian images lack it (installed when running as root).
+patch-tool:
+	@command -v patch >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  apt-get install -y -qq patch >/dev/null; } || \
+	  { echo "error: GNU patch is missing: apt-get install patch" >&2; exit 2; }
+
+test-runtime: patch-tool
