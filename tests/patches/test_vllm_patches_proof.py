@@ -211,6 +211,13 @@ def test_patched_kv_b_proj_equals_hf_checkpoint_within_q8_0_tolerance(runs: dict
             assert c["shape_ok"] and c["max_err"] <= c["absmax"] * 2**-10, c
 
 
+def test_patched_rebuilds_kv_b_proj_from_halves_in_different_shards(runs: dict) -> None:
+    assert runs["patched"]["kv_b_across_shards"] == {
+        "names": ["model.layers.2.self_attn.kv_b_proj.weight"],
+        "equal_to_loaded": True,
+    }
+
+
 def test_patched_skips_mtp_layer_with_a_log_line(runs: dict) -> None:
     assert runs["patched"]["skip_logs"] == [
         "Skipping 27 GGUF tensors of the MTP/nextn layer(s) blk.3: vLLM 0.23.0 cannot run "

@@ -201,6 +201,10 @@ def patched(gguf_path: str, hf_dir: str, out: dict) -> None:
                     )
         out["checks"] = checks
 
+        # kv_b_proj halves in different shards (as in split GGUF sets): the multi-file iterator
+        # must join them the same way. Two one-tensor GGUFs are written with gguf-py.
+        out["kv_b_across_shards"] = kv_b_across_shards(gguf_path, params)
+
         # The no-silent-gaps check itself, fed one dropped mapping: the GGUF tensor is then
         # unmapped and the parameter it filled is unfilled; both must be named.
         gmap = loader._get_gguf_weights_map(mc)
@@ -211,6 +215,39 @@ def patched(gguf_path: str, hf_dir: str, out: dict) -> None:
             lambda: loader._check_no_silent_gaps(model, mc, gguf_path, gmap, loaded)
         )
         out["gap_dropped"] = [dropped, hf_name]
+
+
+def kv_b_across_shards(gguf_path: str, params: dict) -> dict:
+    import tempfile
+
+    import gguf
+    import torch
+    from vllm.model_executor.model_loader.weight_utils import gguf_quant_weights_iterator_multi
+
+    reader = gguf.GGUFReader(gguf_path)
+    tensors = {t.name: t for t in reader.tensors}
+    name_map = {
+        "blk.2.attn_k_b.weight": "model.layers.2.self_attn.k_b_proj.weight",
+        "blk.2.attn_v_b.weight": "model.layers.2.self_attn.v_b_proj.weight",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, name in enumerate(name_map):
+            t = tensors[name]
+            path = f"{tmp}/half-0000{i + 1}-of-00002.gguf"
+            writer = gguf.GGUFWriter(path, "glm-dsa")
+            writer.add_tensor(name, t.data, raw_shape=t.data.shape, raw_dtype=t.tensor_type)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            files.append(path)
+        got = list(gguf_quant_weights_iterator_multi(list(reversed(files)), name_map))
+    want = params["model.layers.2.self_attn.kv_b_proj.weight"].data.float()
+    return {
+        "names": [n for n, _ in got],
+        "equal_to_loaded": bool(torch.equal(got[0][1].half().float(), want)) if got else False,
+    }
 
 
 def main(argv: list[str]) -> int:
