@@ -218,6 +218,13 @@ def test_patched_rebuilds_kv_b_proj_from_halves_in_different_shards(runs: dict) 
     }
 
 
+def test_patched_rebuilds_kv_b_proj_from_q5_0_and_q4_0_halves(runs: dict) -> None:
+    low = runs["patched"]["kv_b_low_bit"]
+    assert low["names"] == ["model.layers.0.self_attn.kv_b_proj.weight"] and low["shape_ok"]
+    # Q4_0: d = blockmax/-8, levels -8..7, so error <= |d| = blockmax/8 (at the clipped end)
+    assert 0 < low["max_err"] <= low["absmax"] / 8, low
+
+
 def test_patched_skips_mtp_layer_with_a_log_line(runs: dict) -> None:
     assert runs["patched"]["skip_logs"] == [
         "Skipping 27 GGUF tensors of the MTP/nextn layer(s) blk.3: vLLM 0.23.0 cannot run "

@@ -204,6 +204,7 @@ def patched(gguf_path: str, hf_dir: str, out: dict) -> None:
         # kv_b_proj halves in different shards (as in split GGUF sets): the multi-file iterator
         # must join them the same way. Two one-tensor GGUFs are written with gguf-py.
         out["kv_b_across_shards"] = kv_b_across_shards(gguf_path, params)
+        out["kv_b_low_bit"] = kv_b_low_bit(hf["model.layers.2.self_attn.kv_b_proj.weight"], 8)
 
         # The no-silent-gaps check itself, fed one dropped mapping: the GGUF tensor is then
         # unmapped and the parameter it filled is unfilled; both must be named.
@@ -247,6 +248,49 @@ def kv_b_across_shards(gguf_path: str, params: dict) -> dict:
     return {
         "names": [n for n, _ in got],
         "equal_to_loaded": bool(torch.equal(got[0][1].half().float(), want)) if got else False,
+    }
+
+
+def kv_b_low_bit(kv_b, n_head: int) -> dict:
+    """attn_k_b as Q5_0 and attn_v_b as Q4_0 (the types llama.cpp's K-quant mixes fall back to for
+    ne0=192 tensors), split the way llama.cpp's conversion/deepseek.py splits kv_b_proj, quantized
+    with gguf-py, written as two shards, rebuilt by the patched multi-file iterator."""
+    import tempfile
+
+    import gguf
+    from gguf.quants import quantize
+    from vllm.model_executor.model_loader.weight_utils import gguf_quant_weights_iterator_multi
+
+    kv_lora = kv_b.shape[1]
+    w = kv_b.float().view(n_head, -1, kv_lora)
+    k_b, v_b = w[:, :192], w[:, 192:]  # [H, nope, kv_lora], [H, v_head, kv_lora]
+    halves = {
+        "blk.0.attn_k_b.weight": (k_b.transpose(1, 2), gguf.GGMLQuantizationType.Q5_0),
+        "blk.0.attn_v_b.weight": (v_b, gguf.GGMLQuantizationType.Q4_0),
+    }
+    name_map = {
+        "blk.0.attn_k_b.weight": "model.layers.0.self_attn.k_b_proj.weight",
+        "blk.0.attn_v_b.weight": "model.layers.0.self_attn.v_b_proj.weight",
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        files = []
+        for i, (name, (t, qtype)) in enumerate(halves.items()):
+            data = quantize(t.contiguous().numpy(), qtype)
+            path = f"{tmp}/lowbit-0000{i + 1}-of-00002.gguf"
+            writer = gguf.GGUFWriter(path, "glm-dsa")
+            writer.add_tensor(name, data, raw_shape=data.shape, raw_dtype=qtype)
+            writer.write_header_to_file()
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.close()
+            files.append(path)
+        got = list(gguf_quant_weights_iterator_multi(files, name_map))
+    rebuilt = got[0][1]
+    return {
+        "names": [n for n, _ in got],
+        "shape_ok": list(rebuilt.shape) == list(kv_b.shape),
+        "max_err": float((rebuilt - kv_b.float()).abs().max()),
+        "absmax": float(kv_b.float().abs().max()),
     }
 
 
