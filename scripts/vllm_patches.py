@@ -33,6 +33,13 @@ EXAMPLES = """examples:
 """
 
 
+# Every --json report has exactly these keys (null where unknown, e.g. after an error).
+JSON_KEYS = (
+    "command", "site_packages", "vllm_version", "series_dir", "patches", "problems", "changed",
+    "files", "state", "ok", "message",
+)  # fmt: skip
+
+
 def default_site_packages() -> Path:
     """The directory that holds the running interpreter's vllm/ (found, not imported)."""
     spec = importlib.util.find_spec("vllm")
@@ -170,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         report = run(args.command, site, args.patches_dir)
     except ps.PatchError as exc:
-        report = {"command": args.command, "site_packages": str(site), "ok": False,
-                  "changed": False, "message": str(exc), "files": [], "problems": []}  # fmt: skip
+        report = dict.fromkeys(JSON_KEYS)
+        report.update(command=args.command, site_packages=str(site), ok=False, changed=False,
+                      message=str(exc), files=[], patches=[], problems=[])  # fmt: skip
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         if not report["ok"]:

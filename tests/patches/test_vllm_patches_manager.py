@@ -14,10 +14,7 @@ import vllm_patches
 
 pytestmark = pytest.mark.runtime
 REPO = Path(__file__).resolve().parents[2]
-JSON_KEYS = {
-    "command", "site_packages", "vllm_version", "series_dir", "patches", "problems", "changed",
-    "files", "state", "ok", "message",
-}  # fmt: skip
+JSON_KEYS = set(vllm_patches.JSON_KEYS)
 
 
 def real_site() -> Path:
@@ -161,6 +158,29 @@ def test_failed_rename_mid_install_restores_old_bytes_simulated(
     with pytest.raises(OSError, match="simulated"):
         vllm_patches.main(["apply", "--site-packages", str(site)])
     assert snapshot(site) == before
+
+
+def test_partial_state_apply_patches_only_the_pristine_files(
+    site: Path, series: ps.Series, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first = series.files[0]
+    original = (site / first).read_bytes()
+    assert vllm_patches.main(["apply", "--site-packages", str(site)]) == 0
+    (site / first).write_bytes(original)  # e.g. a reinstall of one file
+    capsys.readouterr()
+    rc, rep, _ = run_json(capsys, "status", "--site-packages", str(site))
+    assert rep["state"] == "partial"
+    rc, rep, _ = run_json(capsys, "apply", "--site-packages", str(site))
+    assert rc == 0 and rep["changed"] and rep["message"] == f"patched 1 files: {first}"
+    assert vllm_patches.main(["verify", "--site-packages", str(site)]) == 0
+
+
+def test_error_report_has_the_same_json_keys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    rc, rep, err = run_json(capsys, "status", "--site-packages", str(tmp_path))
+    assert rc == 1 and set(rep) == JSON_KEYS and rep["ok"] is False
+    assert err.startswith("error: ")
 
 
 def test_missing_vllm_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
