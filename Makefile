@@ -77,7 +77,7 @@ clean: ## Remove the controller venv and caches inside the repo
 .PHONY: verify-patches patch-tool
 RUNTIME_SITE = $(shell $(RUNTIME_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-verify-patches: $(RUNTIME_VENV)/.installed patch-tool ## Verify the vLLM patch series on the local runtime env
+verify-patches: patch-tool | $(RUNTIME_VENV)/.installed ## Verify the vLLM patch series on the local runtime env
 	$(RUNTIME_PY) scripts/vllm_patches.py verify --site-packages "$(RUNTIME_SITE)"
 
 # GNU patch applies the series; minimal Debian images lack it (installed when running as root).
