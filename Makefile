@@ -32,14 +32,14 @@ $(VENV)/.installed: requirements/controller.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/controller.txt
 	touch $@
 
-$(RUNTIME_VENV)/.installed: $(RUNTIME_REQ)
+$(RUNTIME_VENV)/.installed:
 	rm -rf $(RUNTIME_VENV)
 	$(PYTHON) -m venv $(RUNTIME_VENV)
 	$(RUNTIME_VENV)/bin/pip install -q --disable-pip-version-check -r $(RUNTIME_REQ)
 	$(RUNTIME_VENV)/bin/pip check
 	touch $@
 
-runtime: $(RUNTIME_VENV)/.installed ## Build the cached vLLM 0.23.0 runtime env (~9 GB, ~8 min once)
+runtime: | $(RUNTIME_VENV)/.installed ## Build the cached vLLM 0.23.0 runtime env (~9 GB, ~8 min once)
 	@echo "$(RUNTIME_VENV)"
 
 test: test-controller test-runtime ## Run the whole test suite (CPU only; GPU tests are skipped)
@@ -47,7 +47,7 @@ test: test-controller test-runtime ## Run the whole test suite (CPU only; GPU te
 test-controller: $(VENV)/.installed
 	$(VENV)/bin/pytest -m "not runtime" $(PYTEST_ARGS)
 
-test-runtime: $(RUNTIME_VENV)/.installed
+test-runtime: | $(RUNTIME_VENV)/.installed
 	$(RUNTIME_PY) -m pytest -m "runtime" $(PYTEST_ARGS)
 
 lint: $(VENV)/.installed ## Lint Python (ruff), YAML (yamllint) and Ansible (ansible-lint)
@@ -72,3 +72,18 @@ lock: ## Re-resolve requirements/controller.txt from controller.in
 
 clean: ## Remove the controller venv and caches inside the repo
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# --- vLLM patch series (patches/vllm-0.23.0, scripts/vllm_patches.py) ---
+.PHONY: verify-patches patch-tool
+RUNTIME_SITE = $(shell $(RUNTIME_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+
+verify-patches: patch-tool | $(RUNTIME_VENV)/.installed ## Verify the vLLM patch series on the local runtime env
+	$(RUNTIME_PY) scripts/vllm_patches.py verify --site-packages "$(RUNTIME_SITE)"
+
+# GNU patch applies the series; minimal Debian images lack it (installed when running as root).
+patch-tool:
+	@command -v patch >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	  apt-get install -y -qq patch >/dev/null; } || \
+	  { echo "error: GNU patch is missing: apt-get install patch" >&2; exit 2; }
+
+test-runtime: patch-tool

@@ -1,0 +1,250 @@
+"""Write a tiny random-weight GLM-5 (glm_moe_dsa) Hugging Face checkpoint for tests.
+
+The attention geometry is GLM-5's own (kv_lora_rank 512, qk_nope 192, qk_rope 64, v_head 256,
+DSA indexer 32 heads x 128, index_topk 128, interleaved indexer RoPE); everything else is small:
+3 layers (layer 0 dense), 8 routed experts + 1 shared, vocab 512, and by default one MTP/nextn
+layer appended after the trunk exactly as GLM-5 ships it (model.layers.<num_hidden_layers>.*).
+Weights are bfloat16 safetensors in the original checkpoint naming (per-expert tensors), so
+llama.cpp's convert_hf_to_gguf.py converts the folder like the real model. The tokenizer is a
+byte-level BPE trained here with the `tokenizers` library (no hub access).
+
+Needs torch, safetensors and tokenizers (the runtime env has them).
+Exit: 0 ok, 1 the output folder is not empty (use --force), 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+EXAMPLES = """examples:
+  python scripts/tiny_glm5.py --out /tmp/tiny-glm5 --seed 0
+  python scripts/tiny_glm5.py --out /tmp/tiny-glm5 --seed 1 --mtp-layers 0 --force
+"""
+
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "[MASK]",
+    "[gMASK]",
+    "[sMASK]",
+    "<sop>",
+    "<eop>",
+    "<|system|>",
+    "<|user|>",
+    "<|assistant|>",
+    "<|observation|>",
+]
+
+CORPUS = [
+    "GLM-5 is served by vLLM from a GGUF file on Blackwell GPUs.",
+    "The quick brown fox jumps over the lazy dog. 0123456789",
+    "def main(argv: list[str] | None = None) -> int: return 0",
+    "Sparse attention selects the top-k keys chosen by a lightweight indexer.",
+]
+
+
+def config(num_layers: int = 3, mtp_layers: int = 1) -> dict:
+    """The config.json of the tiny model (GLM-5 attention geometry, small everything else)."""
+    return {
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "moe_intermediate_size": 256,
+        "num_hidden_layers": num_layers,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "mlp_layer_types": ["dense"] + ["sparse"] * (num_layers - 1),
+        "num_attention_heads": 8,
+        "num_key_value_heads": 8,
+        "q_lora_rank": 256,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 192,
+        "qk_rope_head_dim": 64,
+        "qk_head_dim": 256,
+        "v_head_dim": 256,
+        "head_dim": 64,
+        "index_topk": 128,
+        "index_head_dim": 128,
+        "index_n_heads": 32,
+        "indexer_rope_interleave": True,
+        "rope_interleave": True,
+        "n_routed_experts": 8,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 2.5,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-05,
+        "attention_bias": False,
+        "max_position_embeddings": 4096,
+        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+        "vocab_size": 512,
+        "tie_word_embeddings": False,
+        "bos_token_id": 2,
+        "eos_token_id": [0, 7, 9],
+        "pad_token_id": 0,
+        "num_nextn_predict_layers": mtp_layers,
+        "torch_dtype": "bfloat16",
+    }
+
+
+def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """HF checkpoint tensor names and shapes, original (unfused) naming like GLM-5's files."""
+    h, v = cfg["hidden_size"], cfg["vocab_size"]
+    nh, ql, kvl = cfg["num_attention_heads"], cfg["q_lora_rank"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    ih, idim = cfg["index_n_heads"], cfg["index_head_dim"]
+    inter, moe_inter = cfg["intermediate_size"], cfg["moe_intermediate_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        "model.embed_tokens.weight": (v, h),
+        "model.norm.weight": (h,),
+        "lm_head.weight": (v, h),
+    }
+    n_main = cfg["num_hidden_layers"]
+    for i in range(n_main + cfg["num_nextn_predict_layers"]):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+            p + "self_attn.q_a_proj.weight": (ql, h),
+            p + "self_attn.q_a_layernorm.weight": (ql,),
+            p + "self_attn.q_b_proj.weight": (nh * (nope + rope), ql),
+            p + "self_attn.kv_a_proj_with_mqa.weight": (kvl + rope, h),
+            p + "self_attn.kv_a_layernorm.weight": (kvl,),
+            p + "self_attn.kv_b_proj.weight": (nh * (nope + vd), kvl),
+            p + "self_attn.o_proj.weight": (h, nh * vd),
+            p + "self_attn.indexer.wq_b.weight": (ih * idim, ql),
+            p + "self_attn.indexer.wk.weight": (idim, h),
+            p + "self_attn.indexer.k_norm.weight": (idim,),
+            p + "self_attn.indexer.k_norm.bias": (idim,),
+            p + "self_attn.indexer.weights_proj.weight": (ih, h),
+        }
+        if i < cfg["first_k_dense_replace"]:
+            shapes |= {
+                p + "mlp.gate_proj.weight": (inter, h),
+                p + "mlp.up_proj.weight": (inter, h),
+                p + "mlp.down_proj.weight": (h, inter),
+            }
+        else:
+            shapes |= {
+                p + "mlp.gate.weight": (cfg["n_routed_experts"], h),
+                p + "mlp.gate.e_score_correction_bias": (cfg["n_routed_experts"],),
+                p + "mlp.shared_experts.gate_proj.weight": (moe_inter, h),
+                p + "mlp.shared_experts.up_proj.weight": (moe_inter, h),
+                p + "mlp.shared_experts.down_proj.weight": (h, moe_inter),
+            }
+            for e in range(cfg["n_routed_experts"]):
+                q = f"{p}mlp.experts.{e}."
+                shapes |= {
+                    q + "gate_proj.weight": (moe_inter, h),
+                    q + "up_proj.weight": (moe_inter, h),
+                    q + "down_proj.weight": (h, moe_inter),
+                }
+        if i >= n_main:  # the MTP/nextn block GLM-5 appends after its trunk
+            shapes |= {
+                p + "enorm.weight": (h,),
+                p + "hnorm.weight": (h,),
+                p + "eh_proj.weight": (h, 2 * h),
+                p + "shared_head.norm.weight": (h,),
+            }
+    return shapes
+
+
+def random_weights(cfg: dict, seed: int) -> dict:
+    """Seeded random bfloat16 tensors (float32 for the router bias, as GLM-5 stores it)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out = {}
+    for name, shape in sorted(tensor_shapes(cfg).items()):
+        if name.endswith("e_score_correction_bias"):
+            out[name] = (torch.randn(shape, generator=gen) * 0.01).float()
+            continue
+        if len(shape) == 1:  # norms: near 1 (biases near 0)
+            base = 0.0 if name.endswith(".bias") else 1.0
+            t = base + 0.05 * torch.randn(shape, generator=gen)
+        else:
+            t = torch.randn(shape, generator=gen) * 0.05
+        out[name] = t.to(torch.bfloat16).contiguous()
+    return out
+
+
+def write_tokenizer(out: Path) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=480,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS * 8, trainer=trainer)
+    tok.save(str(out / "tokenizer.json"))
+    tok_cfg = {
+        "backend": "tokenizers",
+        "tokenizer_class": "TokenizersBackend",
+        "bos_token": "[gMASK]",
+        "eos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+        "model_max_length": 4096,
+        "chat_template": (
+            "[gMASK]<sop>{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+            "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+        ),
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
+
+
+def write_checkpoint(out: Path, seed: int, *, num_layers: int = 3, mtp_layers: int = 1) -> Path:
+    """Write config.json, model.safetensors, tokenizer files and generation_config.json."""
+    from safetensors.torch import save_file
+
+    cfg = config(num_layers, mtp_layers)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    gen_cfg = {"bos_token_id": 2, "eos_token_id": [0, 7, 9], "pad_token_id": 0}
+    (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
+    save_file(random_weights(cfg, seed), str(out / "model.safetensors"), {"format": "pt"})
+    write_tokenizer(out)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    p.add_argument("--layers", type=int, default=3, help="trunk layers (default: %(default)s)")
+    p.add_argument(
+        "--mtp-layers",
+        type=int,
+        default=1,
+        help="MTP/nextn layers appended after the trunk (default: %(default)s)",
+    )
+    p.add_argument("--force", action="store_true", help="write into a non-empty folder")
+    args = p.parse_args(argv)
+    if args.layers < 2:
+        p.error("--layers must be at least 2 (one dense layer, then MoE layers)")
+    if args.out.exists() and any(args.out.iterdir()) and not args.force:
+        print(f"error: {args.out} is not empty (use --force)", file=sys.stderr)
+        return 1
+    write_checkpoint(args.out, args.seed, num_layers=args.layers, mtp_layers=args.mtp_layers)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

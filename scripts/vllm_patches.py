@@ -1,0 +1,193 @@
+"""Apply, verify or revert the GLM-5 GGUF patch series on an installed vLLM.
+
+The vLLM version is read from DIR/vllm/_version.py (vllm is never imported) and picks
+patches/vllm-<version>/. Patches are applied with GNU patch (-p1 in DIR), all files or none.
+
+  status    per touched file: pristine, patched or drifted (matches neither MANIFEST hash)
+  verify    exit 0 only if the series is consistent (series, headers, MANIFEST) and every file
+            is patched and reverses cleanly to its pristine bytes
+  apply     patch every pristine file; a no-op that says so when already patched; refuses drifted
+  revert    restore the pristine bytes of every patched file; a no-op when already pristine
+  manifest  (maintainers) rewrite MANIFEST from a pristine DIR after changing the series
+
+Exit: 0 ok, 1 check failed / refused / patch failure / unsupported version, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import sysconfig
+from pathlib import Path
+
+import patchset as ps
+
+EXAMPLES = """examples:
+  python scripts/vllm_patches.py status
+  SITE=/opt/vllm/lib/python3.11/site-packages
+  python scripts/vllm_patches.py apply --site-packages "$SITE"
+  python scripts/vllm_patches.py verify --json --site-packages "$SITE"
+  python scripts/vllm_patches.py manifest --site-packages /tmp/pristine  # maintainers
+"""
+
+
+# Every --json report has exactly these keys (null where unknown, e.g. after an error).
+JSON_KEYS = (
+    "command", "site_packages", "vllm_version", "series_dir", "patches", "problems", "changed",
+    "files", "state", "ok", "message",
+)  # fmt: skip
+
+
+def default_site_packages() -> Path:
+    """The directory that holds the running interpreter's vllm/ (found, not imported)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is not None and spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations))).parent
+    return Path(sysconfig.get_paths()["purelib"])
+
+
+def overall(states: list[str]) -> str:
+    if states and all(s == ps.PATCHED for s in states):
+        return ps.PATCHED
+    if states and all(s == ps.PRISTINE for s in states):
+        return ps.PRISTINE
+    if any(s in (ps.DRIFTED, ps.MISSING) for s in states):
+        return ps.DRIFTED
+    return "partial"
+
+
+def run(command: str, site: Path, patches_root: Path) -> dict:
+    version = ps.vllm_version(site)
+    series = ps.load_series(version, patches_root)
+    report: dict = {
+        "command": command,
+        "site_packages": str(site),
+        "vllm_version": version,
+        "series_dir": str(series.directory),
+        "patches": [p.name for p in series.patches],
+        "problems": list(series.problems),
+        "changed": False,
+    }
+
+    if command == "manifest":
+        entries = {}
+        after = ps.transform(series, site, series.files, reverse=False, check=False)
+        for path in series.files:
+            entries[path] = (ps.sha256((site / path).read_bytes()), ps.sha256(after[path]))
+        (series.directory / "MANIFEST").write_text(ps.format_manifest(entries))
+        report.update(ok=True, changed=True, state=ps.PRISTINE, files=[], problems=[])
+        report["message"] = f"wrote {series.directory / 'MANIFEST'} ({len(entries)} files)"
+        return report
+
+    files = []
+    for path in series.files:
+        state, digest = ps.file_state(series, site, path)
+        files.append({"path": path, "state": state, "sha256": digest})
+    states = [f["state"] for f in files]
+    report.update(files=files, state=overall(states))
+    by_state = {s: [f["path"] for f in files if f["state"] == s] for s in set(states)}
+    drifted = by_state.get(ps.DRIFTED, []) + by_state.get(ps.MISSING, [])
+
+    if command == "status":
+        report.update(ok=True, message=f"vLLM {version}: {report['state']}")
+    elif command == "verify":
+        if series.problems:
+            report.update(ok=False, message="series is inconsistent: " + "; ".join(series.problems))
+        elif report["state"] != ps.PATCHED:
+            bad = [f"{f['path']} is {f['state']}" for f in files if f["state"] != ps.PATCHED]
+            report.update(ok=False, message="not patched: " + "; ".join(bad))
+        else:
+            ps.transform(series, site, series.files, reverse=True)  # reverses to pristine bytes
+            report.update(ok=True, message=f"vLLM {version}: all {len(files)} files patched")
+    elif command == "apply":
+        todo = by_state.get(ps.PRISTINE, [])
+        if series.problems:
+            report.update(ok=False, message="series is inconsistent: " + "; ".join(series.problems))
+        elif drifted:
+            report.update(
+                ok=False,
+                message="refusing to patch; these files match neither MANIFEST hash (another "
+                "vLLM build or local edits; reinstall vllm, then apply): " + ", ".join(drifted),
+            )
+        elif not todo:
+            report.update(ok=True, message=f"already patched: all {len(files)} files, no change")
+        else:
+            ps.install(site, ps.transform(series, site, todo, reverse=False))
+            report.update(ok=True, changed=True, state=ps.PATCHED)
+            report["message"] = f"patched {len(todo)} files: " + ", ".join(todo)
+    elif command == "revert":
+        todo = by_state.get(ps.PATCHED, [])
+        if drifted:
+            report.update(
+                ok=False,
+                message="refusing to revert; these files match neither MANIFEST hash: "
+                + ", ".join(drifted),
+            )
+        elif not todo:
+            report.update(ok=True, message=f"already pristine: all {len(files)} files, no change")
+        else:
+            ps.install(site, ps.transform(series, site, todo, reverse=True))
+            report.update(ok=True, changed=True, state=ps.PRISTINE)
+            report["message"] = f"reverted {len(todo)} files: " + ", ".join(todo)
+    if report["changed"]:
+        for f in report["files"]:
+            f["state"], f["sha256"] = ps.file_state(series, site, f["path"])
+    return report
+
+
+def print_text(report: dict) -> None:
+    for f in report.get("files", []):
+        print(f"{f['state']:<9} {f['path']}")
+    for problem in report.get("problems", []):
+        print(f"warning: {problem}", file=sys.stderr)
+    if report["ok"]:
+        print(report["message"])
+    else:
+        print(f"error: {report['message']}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "command",
+        choices=["status", "verify", "apply", "revert", "manifest"],
+        help="what to do (manifest: maintainers only, on a pristine vLLM)",
+    )
+    p.add_argument(
+        "--site-packages",
+        type=Path,
+        default=None,
+        help="directory holding vllm/ (default: the running interpreter's)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
+    p.add_argument(
+        "--patches-dir",
+        type=Path,
+        default=ps.PATCHES_ROOT,
+        help="directory of vllm-<version>/ series (default: %(default)s)",
+    )
+    args = p.parse_args(argv)
+    site = args.site_packages or default_site_packages()
+    try:
+        report = run(args.command, site, args.patches_dir)
+    except ps.PatchError as exc:
+        report = dict.fromkeys(JSON_KEYS)
+        report.update(command=args.command, site_packages=str(site), ok=False, changed=False,
+                      message=str(exc), files=[], patches=[], problems=[])  # fmt: skip
+    if args.json:
+        print(json.dumps(report, indent=2, sort_keys=True))
+        if not report["ok"]:
+            print(f"error: {report['message']}", file=sys.stderr)
+    else:
+        print_text(report)
+    return 0 if report["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
