@@ -181,7 +181,8 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
     if n_kv * 12 + n_tensors * 24 > size:
         raise ShardError(
             path,
-            f"header corrupt: {n_kv} key/values and {n_tensors} tensors cannot fit in {size} bytes",
+            f"header truncated or corrupt: {n_kv} key/values and {n_tensors} tensors cannot fit in "
+            f"{size} bytes",
         )
 
     kvs: list[KeyValue] = []
