@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import gguf_split
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType, GGUFWriter
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 Q = GGMLQuantizationType
 ARCH = "glm-dsa"
@@ -221,3 +222,55 @@ def _sub_type(value: Any, vtype: GGUFValueType) -> GGUFValueType | None:
     if isinstance(first, str):
         return GGUFValueType.STRING
     return GGUFValueType.INT32
+
+
+def _strip(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """GGUF ne with trailing 1s dropped (ggml_n_dims), as llama.cpp writes them."""
+    ne = list(shape)
+    while len(ne) > 1 and ne[-1] == 1:
+        ne.pop()
+    return tuple(ne)
+
+
+def _field_value(reader: GGUFReader, key: str):
+    f = reader.fields[key]
+    if f.types[0] == GGUFValueType.ARRAY:
+        return [f.contents(i) for i in range(len(f.data))]
+    return f.contents()
+
+
+def assert_merged_matches(merged: Path, shards: list[Path], tensors, alignment: int) -> None:
+    """Every key/value of shard 1 and every tensor's bytes, compared through GGUFReader."""
+    out = GGUFReader(merged)
+    first = GGUFReader(shards[0])
+    assert out.alignment == alignment
+    in_keys = [k for k in first.fields if not k.startswith("GGUF.")]
+    out_keys = [k for k in out.fields if not k.startswith("GGUF.")]
+    # shard 1's order, except split.count, which moves to the end (llama.cpp's gguf_set_val)
+    assert out_keys == [k for k in in_keys if k != "split.count"] + ["split.count"]
+    for key in in_keys:
+        assert out.fields[key].types == first.fields[key].types, key
+        if key != "split.count":
+            assert _field_value(out, key) == _field_value(first, key), key
+    assert out.fields["split.count"].contents() == 0
+    assert out.fields["split.no"].contents() == 0
+    assert out.fields["split.tensors.count"].contents() == len(tensors)
+
+    by_name = {t.name: t for t in tensors}
+    in_order = [t.name for s in shards for t in GGUFReader(s).tensors]
+    assert [t.name for t in out.tensors] == in_order
+    assert sorted(in_order) == sorted(by_name)
+    for rt in out.tensors:
+        src = by_name[rt.name]
+        assert rt.tensor_type == src.ggml_type, rt.name
+        assert tuple(int(d) for d in rt.shape) == _strip(tuple(reversed(src.shape))), rt.name
+        assert rt.data_offset % alignment == 0, rt.name
+        assert np.asarray(rt.data).tobytes() == src.raw, rt.name
+    # zero padding between tensors and after the last one
+    raw = merged.read_bytes()
+    for rt in out.tensors:
+        end = rt.data_offset + rt.n_bytes
+        assert raw[end : gguf_split.pad(end, alignment)] == bytes(
+            gguf_split.pad(end, alignment) - end
+        )
+    assert len(raw) == gguf_split.pad(len(raw), alignment)
