@@ -213,13 +213,14 @@ def _check_output(plan: MergePlan, output: Path, force: bool, inputs: list[Path]
 def write_merged(plan: MergePlan, output: Path, progress: Progress, copier: Copier) -> None:
     """Write the merged file to OUTPUT.tmp, fsync, verify, rename, fsync the directory."""
     tmp = output.with_name(output.name + ".tmp")
-    with _signals_blocked():
-        try:
-            fd, stale = _open_tmp(tmp)
-        except OSError as exc:
-            raise ShardError(output, f"cannot create {tmp.name}: {exc.strerror}") from None
-    created = True
+    fd, created = -1, False
     try:
+        with _signals_blocked():  # a signal cannot land between creating the file and owning it
+            try:
+                fd, stale = _open_tmp(tmp)
+            except OSError as exc:
+                raise ShardError(output, f"cannot create {tmp.name}: {exc.strerror}") from None
+            created = True
         if stale:
             print(
                 f"warning: {tmp}: replacing a stale file of an interrupted merge", file=sys.stderr
@@ -228,10 +229,18 @@ def write_merged(plan: MergePlan, output: Path, progress: Progress, copier: Copi
         with _signals_blocked():
             os.replace(tmp, output)
             created = False
+            # done: a SIGINT/SIGTERM still pending must not turn success into an error
+            with contextlib.suppress(ValueError):  # ValueError: not the main thread
+                for s in _STOP_SIGNALS:
+                    signal.signal(s, signal.SIG_IGN)
+        try:
             _fsync_dir(output.parent)
+        except OSError as exc:  # the file is complete and in place; only its durability is unsure
+            print(f"warning: {output.parent}: fsync failed: {exc.strerror}", file=sys.stderr)
     finally:
         with _signals_blocked():
-            os.close(fd)
+            if fd >= 0:
+                os.close(fd)
             if created:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(tmp)
