@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     base = Path(tempfile.mkdtemp(prefix="bench-merge-", dir=args.dir))
     results: dict[str, object] = {"speed_set_gb": args.speed, "repeat": args.repeat}
     rnd = os.urandom(BLOCK)
+    load = os.getloadavg()[0]
+    print(f"{os.cpu_count()} CPUs, load average {load:.1f} at the start; scratch {base}")
+    results["load_average_start"] = load
     try:
         for size in sizes:
             need = 2.2 * size * 1e9
@@ -190,6 +193,8 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(base / f"set{size:g}")
     finally:
         shutil.rmtree(base, ignore_errors=True)
+    results["load_average_end"] = os.getloadavg()[0]
+    print(f"load average {results['load_average_end']:.1f} at the end")
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
