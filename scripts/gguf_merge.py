@@ -384,8 +384,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except Interrupted as exc:
         print(
-            f"error: {args.output}: interrupted by {exc}; removed {args.output.name}.tmp, "
-            f"{args.output.name} not written",
+            f"error: {args.output}: interrupted by {exc}; not written, no temporary file left",
             file=sys.stderr,
         )
         return 1

@@ -417,7 +417,7 @@ def test_signal_mid_merge_removes_the_temp_file(dirs, signum):
     assert rc == 1, err
     name = signal.Signals(signum).name
     assert err.splitlines()[-1] == (
-        f"error: {out}: interrupted by {name}; removed m.gguf.tmp, m.gguf not written"
+        f"error: {out}: interrupted by {name}; not written, no temporary file left"
     )
     assert all(line.startswith("merge: shard ") for line in err.splitlines()[:-1]), err
     assert proc.stdout is not None and proc.stdout.read() == ""
