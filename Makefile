@@ -64,6 +64,9 @@ merge: $(VENV)/.installed ## Merge split GGUF shards: make merge SHARD=x-00001-o
 	@[ -n "$(SHARD)" ] && [ -n "$(OUT)" ] || { echo "error: set SHARD= (any shard) and OUT= (merged file)" >&2; exit 2; }
 	$(PY) scripts/gguf_merge.py $(MERGE_ARGS) "$(SHARD)" "$(OUT)"
 
+bench: $(VENV)/.installed ## Run every benchmarks/bench_*.py (merge: ~20 GB free in /tmp, ~10 min)
+	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) "$$b"; done
+
 lock: ## Re-resolve requirements/controller.txt from controller.in
 	rm -rf /tmp/glm5-lock && $(PYTHON) -m venv /tmp/glm5-lock
 	/tmp/glm5-lock/bin/pip install -q -r requirements/controller.in

@@ -1,0 +1,83 @@
+"""Byte identity with the real `llama-gguf-split --merge`, built from llama.cpp's source.
+
+The first run builds the binary (~5 min on 2 cores) into ~/.cache/glm5-sm120/; later runs reuse it.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import gguf_merge
+import gguf_split
+import pytest
+from gguf import GGUFValueType, GGUFWriter
+from gguf_fixtures import Q, assert_merged_matches, glm_dsa_metadata, glm_dsa_tensors, write_split
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def llama_gguf_split() -> Path:
+    # tests/ is on sys.path (conftest.py's directory), so the helper package is `tools`
+    from tools.llama_cpp import gguf_split_binary
+
+    return gguf_split_binary()
+
+
+def _both(llama: Path, shards: list[Path], out_dir: Path) -> tuple[bytes, bytes]:
+    ours, theirs = out_dir / "ours.gguf", out_dir / "llama.gguf"
+    assert gguf_merge.main(["--no-progress", str(shards[0]), str(ours)]) == 0
+    subprocess.run(
+        [str(llama), "--merge", str(shards[0]), str(theirs)], check=True, capture_output=True
+    )
+    return ours.read_bytes(), theirs.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("n_shards", "metadata_only_first"), [(5, True), (11, True), (3, False), (2, False)]
+)
+def test_identical_to_llama_gguf_split(tmp_path, llama_gguf_split, n_shards, metadata_only_first):
+    (tmp_path / "in").mkdir()
+    tensors = glm_dsa_tensors(seed=n_shards)
+    shards = write_split(
+        tmp_path / "in", tensors, n_shards, metadata_only_first=metadata_only_first
+    )
+    ours, theirs = _both(llama_gguf_split, shards, tmp_path)
+    assert len(ours) == len(theirs)
+    assert ours == theirs
+    assert_merged_matches(tmp_path / "ours.gguf", shards, tensors, 32)
+
+
+def test_identical_for_gguf_writer_native_split(tmp_path, llama_gguf_split):
+    (tmp_path / "in").mkdir()
+    tensors = glm_dsa_tensors(seed=11)
+    w = GGUFWriter(
+        tmp_path / "in" / "native.gguf", "glm-dsa", split_max_tensors=40, small_first_shard=True
+    )
+    for key, value, vtype in glm_dsa_metadata()[1:]:
+        sub = GGUFValueType.STRING if key.endswith(("tokens", "merges", "tags")) else None
+        w.add_key_value(key, value, vtype, sub)
+    for t in tensors:
+        w.add_tensor(
+            t.name, t.data, raw_dtype=None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type
+        )
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shards = sorted((tmp_path / "in").glob("native-*-of-*.gguf"))
+    ours, theirs = _both(llama_gguf_split, shards, tmp_path)
+    assert ours == theirs
+
+
+def test_alignment_64_is_honoured_where_llama_gguf_split_breaks_it(tmp_path, llama_gguf_split):
+    """llama-gguf-split lays data at 32 whatever general.alignment says: its output is invalid."""
+    (tmp_path / "in").mkdir()
+    tensors = glm_dsa_tensors(seed=64)
+    shards = write_split(tmp_path / "in", tensors, 4, alignment=64)
+    ours, theirs = _both(llama_gguf_split, shards, tmp_path)
+    assert ours != theirs
+    assert_merged_matches(tmp_path / "ours.gguf", shards, tensors, 64)
+    with pytest.raises(gguf_split.ShardError, match=r"expected \d+ \(tensor data must be contig"):
+        gguf_split.read_header(tmp_path / "llama.gguf")
