@@ -1,0 +1,63 @@
+"""Fixed launch-config tables (no autotuning on the serving path).
+
+Keyed by strategy and head count, and checked against the device's measured shared memory. Every
+entry here is cross-compiled for sm_120 by ``tests/kernels/test_sm120_fit.py`` (shared memory <=
+101376 B, no spills); ``benchmarks/bench_kernels.py`` measures them on a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class AttnConfig:
+    block_h: int  # heads per program (>= 16: tl.dot needs M >= 16; padded heads are masked)
+    block_n: int  # top-k rows gathered per inner step
+    num_warps: int
+    num_stages: int
+
+
+# Decode: few tokens, split over top-k, all heads of a token per program up to BLOCK_H. The
+# [BLOCK_H, 512] fp32 accumulator lives in registers, so heads beyond 32 are split into head
+# blocks (the second block re-reads the rows, mostly from L2).
+DECODE_CONFIGS: dict[int, AttnConfig] = {
+    8: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
+    16: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
+    32: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
+    64: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
+}
+
+# Prefill: one program per (token, head block) over the whole top-k, tensor-core tiles.
+PREFILL_CONFIGS: dict[int, AttnConfig] = {
+    8: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
+    16: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
+    32: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
+    64: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
+}
+
+# Programs per SM the decode split aims for (enough independent gathers in flight).
+DECODE_PROGRAMS_PER_SM = 4
+
+
+def _bucket(num_heads: int) -> int:
+    for h in (8, 16, 32, 64):
+        if num_heads <= h:
+            return h
+    return 64
+
+
+def attn_config(num_heads: int, prefill: bool) -> AttnConfig:
+    return (PREFILL_CONFIGS if prefill else DECODE_CONFIGS)[_bucket(num_heads)]
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    block_m: int  # query tokens per program (prefill) / must cover next_n (paged)
+    block_n: int  # keys per program
+    num_warps: int
+    num_stages: int
+
+
+MQA_LOGITS_CONFIG = IndexerConfig(block_m=4, block_n=128, num_warps=4, num_stages=2)
+PAGED_LOGITS_CONFIG = IndexerConfig(block_m=1, block_n=128, num_warps=4, num_stages=2)
