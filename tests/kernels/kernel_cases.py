@@ -33,6 +33,8 @@ ATTN_CASES: dict[str, tuple[int, int, int, torch.dtype, dict]] = {
     "t20_h8_k128_fp16_prefill_oob": (20, 8, 128, F16, {"empty_rows": (7,), "oob": True}),
     "t3_h8_k64_fp16_ws_4d": (3, 8, 64, F16, {"workspace": True, "cache_4d": True}),
     "t2_h16_k32_bf16_empty_all": (2, 16, 32, BF16, {"empty_rows": (0, 1)}),
+    "t3_h8_k128_fp16_noprefetch_split": (3, 8, 128, F16, {"pad": 0.2, "plan": (False, 4)}),
+    "t4_h16_k96_bf16_noprefetch_1pass": (4, 16, 96, BF16, {"pad": 0.2, "plan": (False, 1)}),
 }
 
 
@@ -65,7 +67,15 @@ def run_attn(name: str, device: str) -> dict[str, torch.Tensor]:
     q, kv, idx = make_attn_inputs(t, h, k, dtype, opts, device)
     out = torch.full((t, h, 512), float("nan"), dtype=dtype, device=device)
     ws = make_workspace(8, h, k, device, dtype) if opts.get("workspace") else None
-    res = sparse_mla_attention(q, kv, idx, SCALE, out=out, workspace=ws)
+    if "plan" in opts:  # explicit config (the non-default gather path), as the benchmark does
+        from vllm_sparse_mla.kernels._configs import AttnConfig
+        from vllm_sparse_mla.kernels.sparse_mla import _launch
+
+        prefetch, splits = opts["plan"]
+        _launch(q, kv, idx, SCALE, out, None, AttnConfig(16, 32, 4, 2, prefetch), 1, splits)
+        res = out
+    else:
+        res = sparse_mla_attention(q, kv, idx, SCALE, out=out, workspace=ws)
     expect, _ = ref.sparse_mla(q, kv.squeeze(2) if kv.dim() == 4 else kv, idx, SCALE)
     return {"out": out.cpu(), "ref": expect.cpu(), "same_object": torch.tensor(res is out)}
 

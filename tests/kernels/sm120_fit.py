@@ -93,13 +93,14 @@ def launched_configs():
     topk = 2048
     for dtype in ("fp16", "bf16"):
         for h in (8, 16, 32, 64):
-            seen = set()
-            for t in (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024):
-                use_split, cfg, hb, splits = sparse_mla.plan(t, h, topk, SM120_SMS)
-                key = (use_split, cfg)
-                if key in seen:
-                    continue
-                seen.add(key)
+            # Distinct plans over every decode/prefill batch size. SPLITS only sets the constant
+            # trip count of the K loop, so the largest and smallest split (and prefill) bound the
+            # resource use; all three are compiled.
+            plans = {sparse_mla.plan(t, h, topk, SM120_SMS) for t in range(1, 1025)}
+            split_plans = sorted((p for p in plans if p[0]), key=lambda p: p[3])
+            picked = [split_plans[0], split_plans[-1]] if split_plans else []
+            picked += [p for p in plans if not p[0]]
+            for use_split, cfg, hb, splits in dict.fromkeys(picked):
                 args = {
                     "q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "idx_ptr": "*i32",
                     "out_ptr": f"*{dtype}", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
@@ -110,6 +111,7 @@ def launched_configs():
                 consts = dict(
                     NUM_HEADS=h, TOPK=topk, SPLITS=splits, HEAD_BLOCKS=hb, BLOCK_H=cfg.block_h,
                     BLOCK_N=cfg.block_n, D_LATENT=512, D_ROPE=64, DOT_F32=False,
+                    PREFETCH=cfg.prefetch,
                 )  # fmt: skip
                 kind = f"split{splits}" if use_split else "prefill"
                 yield (
@@ -117,7 +119,7 @@ def launched_configs():
                     sparse_mla._sparse_mla_fwd_kernel, args, consts, cfg.num_warps,
                     cfg.num_stages,
                 )  # fmt: skip
-                if use_split:
+                if use_split and splits == split_plans[-1][3] and dtype == "fp16":
                     yield (
                         f"combine H={h} S={splits} {dtype}", sparse_mla._combine_kernel,
                         {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": f"*{dtype}",

@@ -16,24 +16,25 @@ class AttnConfig:
     block_n: int  # top-k rows gathered per inner step
     num_warps: int
     num_stages: int
+    prefetch: bool = True  # software-pipelined row gather (next rows in flight while computing)
 
 
 # Decode: few tokens, split over top-k, all heads of a token per program up to BLOCK_H. The
 # [BLOCK_H, 512] fp32 accumulator lives in registers, so heads beyond 32 are split into head
 # blocks (the second block re-reads the rows, mostly from L2).
 DECODE_CONFIGS: dict[int, AttnConfig] = {
-    8: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
-    16: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
-    32: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
-    64: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
+    8: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2),
+    16: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2),
+    32: AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=2),
+    64: AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=2),
 }
 
 # Prefill: one program per (token, head block) over the whole top-k, tensor-core tiles.
 PREFILL_CONFIGS: dict[int, AttnConfig] = {
-    8: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
-    16: AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=2),
-    32: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
-    64: AttnConfig(block_h=32, block_n=32, num_warps=4, num_stages=2),
+    8: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2),
+    16: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2),
+    32: AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=2),
+    64: AttnConfig(block_h=64, block_n=16, num_warps=8, num_stages=2),
 }
 
 # Programs per SM the decode split aims for (enough independent gathers in flight).

@@ -45,6 +45,24 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _gather_rows(
+    kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs,
+    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
+):  # fmt: skip
+    """Gather the KV rows of BLOCK_N slot ids: (valid [N], latent [N, D_LATENT], rope [N, D_ROPE]);
+    ids < 0 or >= num_slots are invalid and load zeros without touching memory."""
+    m_valid = (b_idx >= 0) & (b_idx < num_slots)
+    b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
+    p_row = kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
+    o_dl = tl.arange(0, D_LATENT)
+    o_dr = tl.arange(0, D_ROPE)
+    # [BLOCK_N, D_LATENT] doubles as K (latent part) and V; [BLOCK_N, D_ROPE]
+    b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
+    b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None], other=0.0)
+    return m_valid, b_kv, b_kr
+
+
+@triton.jit
 def _sparse_mla_fwd_kernel(
     q_ptr,
     kv_ptr,
@@ -71,6 +89,7 @@ def _sparse_mla_fwd_kernel(
     D_LATENT: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_F32: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16)
     tl.static_assert(TOPK % SPLITS == 0)
@@ -99,29 +118,45 @@ def _sparse_mla_fwd_kernel(
 
     K_PER_SPLIT: tl.constexpr = TOPK // SPLITS
     k_start = i_s * K_PER_SPLIT
-    for k0 in range(0, K_PER_SPLIT, BLOCK_N):
-        o_k = k_start + k0 + tl.arange(0, BLOCK_N)
-        m_k = o_k < k_start + K_PER_SPLIT
-        # [BLOCK_N] global slot ids; invalid ones (-1, out of range) are masked to row 0.
-        b_idx = tl.load(idx_ptr + i_t64 * stride_it + o_k, mask=m_k, other=-1)
-        m_valid = (b_idx >= 0) & (b_idx < num_slots)
-        b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
-        p_row = (
-            kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
+    k_end = k_start + K_PER_SPLIT
+    o_n = tl.arange(0, BLOCK_N)
+    p_idx = idx_ptr + i_t64 * stride_it
+    if PREFETCH:
+        # Software pipeline: rows of step i+1 and indices of step i+2 are in flight while step i
+        # computes, so neither the index load nor the row gather is on the critical path.
+        b_idx = tl.load(p_idx + k_start + o_n, mask=k_start + o_n < k_end, other=-1)
+        m_valid, b_kv, b_kr = _gather_rows(
+            kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs, D_LATENT, D_ROPE
         )
-        # [BLOCK_N, D_LATENT] doubles as K (nope part) and V.
-        b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
-        # [BLOCK_N, D_ROPE]
-        b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None], other=0.0)
-        b_pv_dtype = b_kv.dtype
+        o_k1 = k_start + BLOCK_N + o_n
+        b_idx_next = tl.load(p_idx + o_k1, mask=o_k1 < k_end, other=-1)
+    for k0 in range(0, K_PER_SPLIT, BLOCK_N):
+        if PREFETCH:
+            m_cur, b_kv_cur, b_kr_cur = m_valid, b_kv, b_kr
+            o_k2 = k_start + k0 + 2 * BLOCK_N + o_n
+            b_idx_next2 = tl.load(p_idx + o_k2, mask=o_k2 < k_end, other=-1)
+            m_valid, b_kv, b_kr = _gather_rows(
+                kv_ptr, b_idx_next, num_slots, kv_block_size, stride_kvb, stride_kvs,
+                D_LATENT, D_ROPE,
+            )  # fmt: skip
+            b_idx_next = b_idx_next2
+        else:
+            o_k = k_start + k0 + o_n
+            # [BLOCK_N] global slot ids; invalid ones (-1, out of range) are masked.
+            b_idx_cur = tl.load(p_idx + o_k, mask=o_k < k_end, other=-1)
+            m_cur, b_kv_cur, b_kr_cur = _gather_rows(
+                kv_ptr, b_idx_cur, num_slots, kv_block_size, stride_kvb, stride_kvs,
+                D_LATENT, D_ROPE,
+            )  # fmt: skip
+        b_pv_dtype = b_kv_cur.dtype
         if DOT_F32:
-            b_kv = b_kv.to(tl.float32)
-            b_kr = b_kr.to(tl.float32)
+            b_kv_cur = b_kv_cur.to(tl.float32)
+            b_kr_cur = b_kr_cur.to(tl.float32)
 
         # [BLOCK_H, BLOCK_N] logits in log2 units
-        b_s = tl.dot(b_q_nope, tl.trans(b_kv))
-        b_s = tl.dot(b_q_rope, tl.trans(b_kr), b_s)
-        b_s = tl.where(m_valid[None, :], b_s * scale_log2, float("-inf"))
+        b_s = tl.dot(b_q_nope, tl.trans(b_kv_cur))
+        b_s = tl.dot(b_q_rope, tl.trans(b_kr_cur), b_s)
+        b_s = tl.where(m_cur[None, :], b_s * scale_log2, float("-inf"))
 
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
         b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -129,7 +164,7 @@ def _sparse_mla_fwd_kernel(
         b_alpha = tl.exp2(b_m - b_m_use)
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = tl.dot(b_p.to(b_pv_dtype).to(b_kv.dtype), b_kv, b_acc)
+        b_acc = tl.dot(b_p.to(b_pv_dtype).to(b_kv_cur.dtype), b_kv_cur, b_acc)
         b_m = b_m_new
 
     b_has = b_l > 0.0
@@ -169,10 +204,14 @@ def _combine_kernel(
     b_w = tl.exp2(b_lse - b_max)
     b_den = tl.sum(b_w, axis=0)
     b_acc = tl.zeros([D_LATENT], tl.float32)
-    for s in range(SPLITS):
-        i_row = (i_t * SPLITS + s) * NUM_HEADS + i_h
-        w_s = tl.exp2(tl.load(part_lse_ptr + i_row) - b_max)
-        b_acc += w_s * tl.load(part_o_ptr + i_row * D_LATENT + o_d)
+    # [CHUNK, D_LATENT] partial tiles: independent loads, few dependent round trips
+    CHUNK: tl.constexpr = 16 if SPLITS > 16 else SPLITS
+    for s0 in range(0, SPLITS, CHUNK):
+        o_c = s0 + tl.arange(0, CHUNK)
+        i_rows = (i_t * SPLITS + o_c) * NUM_HEADS + i_h
+        b_wc = tl.exp2(tl.load(part_lse_ptr + i_rows) - b_max)
+        b_tile = tl.load(part_o_ptr + i_rows[:, None] * D_LATENT + o_d[None, :])
+        b_acc += tl.sum(b_wc[:, None] * b_tile, axis=0)
     b_out = b_acc / tl.where(b_den > 0.0, b_den, 1.0)
     p_o = out_ptr + i_t * stride_ot + i_h * stride_oh + o_d
     tl.store(p_o, b_out.to(out_ptr.dtype.element_ty))
@@ -392,6 +431,7 @@ def _launch(
         # Triton 3.6's interpreter mis-computes bf16 tl.dot (integer-like garbage); on CPU the
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
+        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
