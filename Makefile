@@ -21,6 +21,7 @@ HOST      ?= localhost
 INVENTORY ?= inventory/hosts.yml
 
 .PHONY: help test test-controller test-runtime lint format bench runtime lock merge clean
+.PHONY: bench-kernels
 
 help: ## List targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n",$$1,$$2}'
@@ -72,3 +73,10 @@ lock: ## Re-resolve requirements/controller.txt from controller.in
 
 clean: ## Remove the controller venv and caches inside the repo
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# Sparse MLA / indexer kernel benchmark (needs a CUDA GPU; on a CPU-only box it prints a skip
+# message and succeeds). Results and method: benchmarks/RESULTS.md.
+BENCH_KERNELS_ARGS ?=
+bench: bench-kernels
+bench-kernels: $(RUNTIME_VENV)/.installed ## Time the Triton sparse MLA + indexer kernels (GPU host)
+	$(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)

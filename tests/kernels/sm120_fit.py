@@ -114,10 +114,12 @@ def launched_configs():
                     PREFETCH=cfg.prefetch,
                 )  # fmt: skip
                 kind = f"split{splits}" if use_split else "prefill"
+                fn = (sparse_mla._sparse_mla_fwd_chunked_kernel if cfg.chunked
+                      else sparse_mla._sparse_mla_fwd_kernel)  # fmt: skip
+                variant = ("chunked" if cfg.chunked else "mono") + ("+pf" if cfg.prefetch else "")
                 yield (
-                    f"attn {kind} H={h} {dtype} BH={cfg.block_h} BN={cfg.block_n}",
-                    sparse_mla._sparse_mla_fwd_kernel, args, consts, cfg.num_warps,
-                    cfg.num_stages,
+                    f"attn {kind} H={h} {dtype} BH={cfg.block_h} BN={cfg.block_n} {variant}",
+                    fn, args, consts, cfg.num_warps, cfg.num_stages,
                 )  # fmt: skip
                 if use_split and splits == split_plans[-1][3] and dtype == "fp16":
                     yield (

@@ -136,3 +136,23 @@ def test_paged_mqa_logits_real_shape_and_graph(next_n):
     assert torch.equal(torch.isneginf(out), torch.isneginf(expect))
     fin = torch.isfinite(expect)
     assert _rel(out[fin], expect[fin]) < 1e-3
+
+
+@pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.parametrize("chunked", [False, True])
+@pytest.mark.parametrize(("t", "h", "splits"), [(64, 16, 4), (32, 64, 1), (3, 8, 64)])
+def test_sparse_mla_kernel_variants(prefetch, chunked, t, h, splits):
+    """Both gather paths and both latent layouts (what the benchmark sweeps) are correct."""
+    from vllm_sparse_mla.kernels import make_workspace
+    from vllm_sparse_mla.kernels import reference as ref
+    from vllm_sparse_mla.kernels._configs import AttnConfig
+    from vllm_sparse_mla.kernels.sparse_mla import _launch
+
+    q, kv, idx = _attn_inputs(t, h, torch.float16, seed=11)
+    cfg = AttnConfig(16 if h < 64 else 32, 16, 4 if h < 64 else 8, 2, prefetch, chunked)
+    ws = make_workspace(256, h, TOPK, "cuda", torch.float16)
+    out = torch.full((t, h, 512), float("nan"), dtype=torch.float16, device="cuda")
+    _launch(q, kv, idx, SCALE, out, ws, cfg, -(-h // cfg.block_h), splits)
+    expect, _ = ref.sparse_mla(q, kv, idx, SCALE)
+    assert not out.isnan().any()
+    assert _rel(out, expect) < REL[torch.float16]

@@ -26,7 +26,13 @@ for one shape replays the same grid:
              fill the GPU.
     prefill  grid (head blocks x T), one pass over all K rows, output written directly.
 Both use tl.dot for q.k^T ([BLOCK_H, 576] x [576, BLOCK_N]) and p.v ([BLOCK_H, BLOCK_N] x
-[BLOCK_N, 512]) with fp32 accumulation.
+[BLOCK_N, 512]) with fp32 accumulation. The loop is latency-bound (few rows per step, register-
+limited occupancy), so two kernel forms trade registers for independent work in flight (chosen per
+shape in ``_configs.py`` from H200 measurements, benchmarks/RESULTS.md):
+    ``_sparse_mla_fwd_kernel``          one 512-column latent dot and accumulator
+    ``_sparse_mla_fwd_chunked_kernel``  four independent 128-column dots and accumulators
+each with an optional software-prefetched gather (rows of step i+1 and indices of step i+2 in
+flight while step i computes).
 """
 
 from __future__ import annotations
@@ -177,6 +183,169 @@ def _sparse_mla_fwd_kernel(
         i_row = (i_t64 * SPLITS + i_s) * NUM_HEADS
         p_po = part_o_ptr + (i_row + o_h[:, None]) * D_LATENT + o_dl[None, :]
         tl.store(p_po, b_out, mask=m_h[:, None])
+        b_lse = tl.where(b_has, b_m + tl.log2(tl.where(b_has, b_l, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + i_row + o_h, b_lse, mask=m_h)
+
+
+@triton.jit
+def _gather_rows_4(
+    kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs,
+    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
+):  # fmt: skip
+    """As ``_gather_rows`` with the latent part as four [N, D_LATENT/4] column chunks."""
+    DC: tl.constexpr = D_LATENT // 4
+    m_valid = (b_idx >= 0) & (b_idx < num_slots)
+    b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
+    p_row = kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
+    p_c = p_row[:, None] + tl.arange(0, DC)[None, :]
+    m_c = m_valid[:, None]
+    b_k0 = tl.load(p_c, mask=m_c, other=0.0)
+    b_k1 = tl.load(p_c + DC, mask=m_c, other=0.0)
+    b_k2 = tl.load(p_c + 2 * DC, mask=m_c, other=0.0)
+    b_k3 = tl.load(p_c + 3 * DC, mask=m_c, other=0.0)
+    b_kr = tl.load(p_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=m_c, other=0.0)
+    return m_valid, b_k0, b_k1, b_k2, b_k3, b_kr
+
+
+@triton.jit
+def _sparse_mla_fwd_chunked_kernel(
+    q_ptr,
+    kv_ptr,
+    idx_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    scale_log2,
+    num_slots,
+    kv_block_size,
+    stride_qt,
+    stride_qh,
+    stride_kvb,
+    stride_kvs,
+    stride_it,
+    stride_ot,
+    stride_oh,
+    NUM_HEADS: tl.constexpr,
+    TOPK: tl.constexpr,
+    SPLITS: tl.constexpr,
+    HEAD_BLOCKS: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    D_LATENT: tl.constexpr,
+    D_ROPE: tl.constexpr,
+    DOT_F32: tl.constexpr,
+    PREFETCH: tl.constexpr,
+):
+    """Same contract as ``_sparse_mla_fwd_kernel``; the 512 latent columns are handled as four
+    independent 128-column dots (q.k^T partial sums and p.v accumulators), which gives the
+    scheduler four independent MMA chains instead of one long one (the loop is latency-bound)."""
+    tl.static_assert(BLOCK_H >= 16)
+    tl.static_assert(TOPK % SPLITS == 0)
+    tl.static_assert(D_LATENT % 4 == 0)
+    DC: tl.constexpr = D_LATENT // 4
+    pid = tl.program_id(0)
+    i_hb = pid % HEAD_BLOCKS
+    i_s = (pid // HEAD_BLOCKS) % SPLITS
+    i_t = pid // (HEAD_BLOCKS * SPLITS)
+    i_t64 = i_t.to(tl.int64)
+
+    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_h < NUM_HEADS
+    o_dc = tl.arange(0, DC)
+    o_dr = tl.arange(0, D_ROPE)
+    # [BLOCK_H, DC] x4, [BLOCK_H, D_ROPE]
+    p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh + o_dc[None, :]
+    b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0)
+    b_q1 = tl.load(p_q + DC, mask=m_h[:, None], other=0.0)
+    b_q2 = tl.load(p_q + 2 * DC, mask=m_h[:, None], other=0.0)
+    b_q3 = tl.load(p_q + 3 * DC, mask=m_h[:, None], other=0.0)
+    p_qr = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh + D_LATENT
+    b_qr = tl.load(p_qr + o_dr[None, :], mask=m_h[:, None], other=0.0)
+    if DOT_F32:
+        b_q0 = b_q0.to(tl.float32)
+        b_q1 = b_q1.to(tl.float32)
+        b_q2 = b_q2.to(tl.float32)
+        b_q3 = b_q3.to(tl.float32)
+        b_qr = b_qr.to(tl.float32)
+
+    b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_H], tl.float32)
+    b_a0 = tl.zeros([BLOCK_H, DC], tl.float32)
+    b_a1 = tl.zeros([BLOCK_H, DC], tl.float32)
+    b_a2 = tl.zeros([BLOCK_H, DC], tl.float32)
+    b_a3 = tl.zeros([BLOCK_H, DC], tl.float32)
+
+    K_PER_SPLIT: tl.constexpr = TOPK // SPLITS
+    k_start = i_s * K_PER_SPLIT
+    k_end = k_start + K_PER_SPLIT
+    o_n = tl.arange(0, BLOCK_N)
+    p_idx = idx_ptr + i_t64 * stride_it
+    if PREFETCH:
+        b_idx = tl.load(p_idx + k_start + o_n, mask=k_start + o_n < k_end, other=-1)
+        m_valid, b_k0, b_k1, b_k2, b_k3, b_kr = _gather_rows_4(
+            kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs, D_LATENT, D_ROPE
+        )
+        o_k1 = k_start + BLOCK_N + o_n
+        b_idx_next = tl.load(p_idx + o_k1, mask=o_k1 < k_end, other=-1)
+    for k0 in range(0, K_PER_SPLIT, BLOCK_N):
+        if PREFETCH:
+            m_cur, c_k0, c_k1, c_k2, c_k3, c_kr = m_valid, b_k0, b_k1, b_k2, b_k3, b_kr
+            o_k2 = k_start + k0 + 2 * BLOCK_N + o_n
+            b_idx_next2 = tl.load(p_idx + o_k2, mask=o_k2 < k_end, other=-1)
+            m_valid, b_k0, b_k1, b_k2, b_k3, b_kr = _gather_rows_4(
+                kv_ptr, b_idx_next, num_slots, kv_block_size, stride_kvb, stride_kvs,
+                D_LATENT, D_ROPE,
+            )  # fmt: skip
+            b_idx_next = b_idx_next2
+        else:
+            o_k = k_start + k0 + o_n
+            b_idx_cur = tl.load(p_idx + o_k, mask=o_k < k_end, other=-1)
+            m_cur, c_k0, c_k1, c_k2, c_k3, c_kr = _gather_rows_4(
+                kv_ptr, b_idx_cur, num_slots, kv_block_size, stride_kvb, stride_kvs,
+                D_LATENT, D_ROPE,
+            )  # fmt: skip
+        b_pv_dtype = c_k0.dtype
+        if DOT_F32:
+            c_k0 = c_k0.to(tl.float32)
+            c_k1 = c_k1.to(tl.float32)
+            c_k2 = c_k2.to(tl.float32)
+            c_k3 = c_k3.to(tl.float32)
+            c_kr = c_kr.to(tl.float32)
+        # [BLOCK_H, BLOCK_N] logits in log2 units: five independent partial dots
+        b_s01 = tl.dot(b_q0, tl.trans(c_k0)) + tl.dot(b_q1, tl.trans(c_k1))
+        b_s23 = tl.dot(b_q2, tl.trans(c_k2)) + tl.dot(b_q3, tl.trans(c_k3))
+        b_s = (b_s01 + b_s23) + tl.dot(b_qr, tl.trans(c_kr))
+        b_s = tl.where(m_cur[None, :], b_s * scale_log2, float("-inf"))
+
+        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
+        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
+        b_p = tl.exp2(b_s - b_m_use[:, None])
+        b_alpha = tl.exp2(b_m - b_m_use)
+        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
+        b_p = b_p.to(b_pv_dtype).to(c_k0.dtype)
+        b_a0 = tl.dot(b_p, c_k0, b_a0 * b_alpha[:, None])
+        b_a1 = tl.dot(b_p, c_k1, b_a1 * b_alpha[:, None])
+        b_a2 = tl.dot(b_p, c_k2, b_a2 * b_alpha[:, None])
+        b_a3 = tl.dot(b_p, c_k3, b_a3 * b_alpha[:, None])
+        b_m = b_m_new
+
+    b_has = b_l > 0.0
+    b_inv = 1.0 / tl.where(b_has, b_l, 1.0)
+    if SPLITS == 1:
+        # [BLOCK_H, DC] x4
+        p_o = out_ptr + i_t64 * stride_ot + o_h[:, None].to(tl.int64) * stride_oh + o_dc[None, :]
+        o_ty = out_ptr.dtype.element_ty
+        tl.store(p_o, (b_a0 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
+        tl.store(p_o + DC, (b_a1 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
+        tl.store(p_o + 2 * DC, (b_a2 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
+        tl.store(p_o + 3 * DC, (b_a3 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
+    else:
+        i_row = (i_t64 * SPLITS + i_s) * NUM_HEADS
+        p_po = part_o_ptr + (i_row + o_h[:, None]) * D_LATENT + o_dc[None, :]
+        tl.store(p_po, b_a0 * b_inv[:, None], mask=m_h[:, None])
+        tl.store(p_po + DC, b_a1 * b_inv[:, None], mask=m_h[:, None])
+        tl.store(p_po + 2 * DC, b_a2 * b_inv[:, None], mask=m_h[:, None])
+        tl.store(p_po + 3 * DC, b_a3 * b_inv[:, None], mask=m_h[:, None])
         b_lse = tl.where(b_has, b_m + tl.log2(tl.where(b_has, b_l, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + i_row + o_h, b_lse, mask=m_h)
 
@@ -403,7 +572,8 @@ def _launch(
         part_o = part_lse = out  # unused by the kernel when SPLITS == 1
 
     grid = (num_tokens * splits * head_blocks,)
-    _sparse_mla_fwd_kernel[grid](
+    kernel = _sparse_mla_fwd_chunked_kernel if cfg.chunked else _sparse_mla_fwd_kernel
+    kernel[grid](
         q,
         kv_cache,
         indices,
