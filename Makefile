@@ -20,7 +20,8 @@ PYTEST_ARGS ?=
 HOST      ?= localhost
 INVENTORY ?= inventory/hosts.yml
 
-.PHONY: help test test-controller test-runtime lint format bench runtime lock merge clean
+.PHONY: help test test-controller test-runtime lint format bench bench-merge bench-kernels runtime lock merge clean
+.PHONY: bench-kernels
 
 help: ## List targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n",$$1,$$2}'
@@ -64,8 +65,10 @@ merge: $(VENV)/.installed ## Merge split GGUF shards: make merge SHARD=x-00001-o
 	@[ -n "$(SHARD)" ] && [ -n "$(OUT)" ] || { echo "error: set SHARD= (any shard) and OUT= (merged file)" >&2; exit 2; }
 	$(PY) scripts/gguf_merge.py $(MERGE_ARGS) "$(SHARD)" "$(OUT)"
 
-bench: $(VENV)/.installed ## Run every benchmarks/bench_*.py (merge: ~20 GB free in /tmp, ~10 min)
-	for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) "$$b"; done
+bench: bench-merge bench-kernels ## Run the benchmarks (merge here; kernels need a CUDA GPU)
+
+bench-merge: $(VENV)/.installed ## Merge vs cat vs llama-gguf-split (~20 GB free in /tmp, ~10 min)
+	$(PY) benchmarks/bench_merge.py $(BENCH_MERGE_ARGS)
 
 lock: ## Re-resolve requirements/controller.txt from controller.in
 	rm -rf /tmp/glm5-lock && $(PYTHON) -m venv /tmp/glm5-lock
@@ -90,3 +93,9 @@ patch-tool:
 	  { echo "error: GNU patch is missing: apt-get install patch" >&2; exit 2; }
 
 test-runtime: patch-tool
+
+# Sparse MLA / indexer kernel benchmark (needs a CUDA GPU; on a CPU-only box it prints a skip
+# message and succeeds). Results and method: benchmarks/RESULTS.md.
+BENCH_KERNELS_ARGS ?=
+bench-kernels: | $(RUNTIME_VENV)/.installed ## Time the Triton sparse MLA + indexer kernels (GPU host)
+	$(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
