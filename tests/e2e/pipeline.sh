@@ -75,6 +75,7 @@ PIDFILE=$WORK/server.pid
 export PYTHONPATH=$SITE${PYTHONPATH:+:$PYTHONPATH}
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 TOKENIZERS_PARALLELISM=false
+command -v patch >/dev/null || export PATH=$WORK/wheels/bin:$PATH   # staged GNU patch
 
 T0=$(date +%s)
 elapsed() { echo $(( $(date +%s) - T0 )); }
@@ -174,7 +175,11 @@ step_serve() {
   [ "$DRY_RUN" = 1 ] && return 0
   date +%s > "$WORK/server.started"
   # own session: survives the end of this device call (stop kills the whole group)
-  setsid "${cmd[@]}" > "$LOGS/server.log" 2>&1 < /dev/null &
+  if command -v setsid >/dev/null; then
+    setsid "${cmd[@]}" > "$LOGS/server.log" 2>&1 < /dev/null &
+  else
+    "${cmd[@]}" > "$LOGS/server.log" 2>&1 < /dev/null &
+  fi
   echo $! > "$PIDFILE"
   say "server pid $(cat "$PIDFILE")"
 }

@@ -6,6 +6,7 @@
 #                               every dependency wheel the H200 image lacks (LZMA re-zipped), the
 #                               controller's openai for the smoke client (wheels/smoke/) and
 #                               llama.cpp's converter + conversion/ + gguf-py/ (wheels/llama_cpp.tgz)
+#                               and GNU patch (wheels/bin/patch)
 #   .vllmstage/stage/SIZES.txt  sizes and the carry list of each call
 # Nothing here needs a GPU. Downloads go through pip from PyPI and are cached in $WORK, so a
 # second run takes seconds. Usage:
@@ -80,11 +81,13 @@ for b in "${carried[@]}"; do
   cp "$WORK/lzma/$b" "$pay/wheels/"
 done
 cp "$openai_whl" "$pay/wheels/smoke/"
+# GNU patch (needs only glibc 2.17) in case the image lacks it: pipeline.sh puts it on PATH then
+mkdir -p "$pay/wheels/bin" && cp "$(command -v patch)" "$pay/wheels/bin/patch"
 llama=$(cd "$src_repo" && "$PY" tests/tools/llama_cpp.py source)
 tar -C "$llama" --owner=0 --group=0 --numeric-owner --exclude=__pycache__ --exclude='gguf-py/tests' \
   -czf "$pay/wheels/llama_cpp.tgz" convert_hf_to_gguf.py conversion gguf-py
 ( cd "$pay" && { ls wheels/vllm-*.whl; ls wheels/*.whl | grep -v '^wheels/vllm-' | sort;
-    ls wheels/smoke/*.whl; echo wheels/llama_cpp.tgz; } > list.txt
+    ls wheels/smoke/*.whl; echo wheels/llama_cpp.tgz; echo wheels/bin/patch; } > list.txt
   tar --owner=0 --group=0 --numeric-owner -cf payload.tar -T list.txt )
 size=$(stat -c %s "$pay/payload.tar")
 max=$((MAX_CHUNK_MIB * 1048576))
