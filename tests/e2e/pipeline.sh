@@ -165,9 +165,12 @@ raise SystemExit(0 if len(eps) else 1)'
 step_serve() {
   if server_alive; then say "server already running (pid $(cat "$PIDFILE"))"; return 0; fi
   local key; key=$(api_key)
+  local mml=4096   # at most the checkpoint's max_position_embeddings
+  [ "$DRY_RUN" = 1 ] || mml=$("$PY" -c 'import json, sys
+print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096)))' "$CKPT/config.json")
   local cmd=("$PY" -m vllm.entrypoints.cli.main serve "$MERGED" --hf-config-path "$CKPT"
     --tokenizer "$CKPT" --dtype float16 --attention-backend CUSTOM --api-key "$key"
-    --host 127.0.0.1 --port "$PORT" --served-model-name "$MODEL_NAME" --max-model-len 4096
+    --host 127.0.0.1 --port "$PORT" --served-model-name "$MODEL_NAME" --max-model-len "$mml"
     --max-num-seqs 32 --gpu-memory-utilization 0.3)
   # shellcheck disable=SC2206  # SERVE_EXTRA is a list of flags
   cmd+=($SERVE_EXTRA)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepare, on this (CPU) machine, everything the GPU test machine needs for the end-to-end run,
 # in the ignored folder .vllmstage/ of the checkout that travels (default: this repository's):
-#   .vllmstage/stage/c1 .. cN   one folder per device call, each <= MAX_CHUNK_MIB: the chunks of one
+#   .vllmstage/stage/c1 .. cN   one folder per device call, each fitting one call: the chunks of one
 #                               tar holding the stripped vLLM 0.23.0 wheel, transformers 5.5.4 and
 #                               every dependency wheel the H200 image lacks (LZMA re-zipped), the
 #                               controller's openai for the smoke client (wheels/smoke/) and
@@ -11,21 +11,23 @@
 # Nothing here needs a GPU. Downloads go through pip from PyPI and are cached in $WORK, so a
 # second run takes seconds. Usage:
 #   tests/e2e/stage_local.sh [DEST_REPO]       (default: the repository holding this script)
-# Environment: WORK (cache, default ~/.cache/glm5-sm120/e2e-stage), MAX_CHUNK_MIB (default 57),
+# Environment: WORK (cache, default ~/.cache/glm5-sm120/e2e-stage), MAX_CHUNK_MIB (default: what
+#   fits 64 MiB beside the tree that travels, less 2 MiB),
 #   PY (a python3 with pip and `packaging`, default python3).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 src_repo=$(cd "$here/../.." && pwd)
 dest_repo=$(cd "${1:-$src_repo}" && pwd)
 WORK=${WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/glm5-sm120/e2e-stage}
-MAX_CHUNK_MIB=${MAX_CHUNK_MIB:-57}
 PY=${PY:-python3}
 VLLM_VERSION=0.23.0
 ROOTS=('transformers==5.5.4' 'apache-tvm-ffi==0.1.15.post2' 'gguf==0.18.0' "vllm==$VLLM_VERSION")
 # Heavy GPU extras the Triton/MLA path does without, and what the image already has right.
 SKIP=flashinfer-python,flashinfer-cubin,tilelang,nvidia-cudnn-frontend,fastsafetensors,nvidia-cutlass-dsl,quack-kernels,tokenspeed-mla,humming-kernels,torch,torchaudio,torchvision,numba,setuptools
-# Resolved but not needed on the serving path (as the shared recipe, minus numpy: see below).
-EXCLUDE='^(mistral_common|mcp|mcp_types|pyjwt|cryptography|cffi|pycparser|sse_starlette|opentelemetry_[a-z_]+|googleapis_common_protos|anthropic|docstring_parser|fastapi_cli|fastapi_cloud_cli|rich_toolkit|rignore|sentry_sdk|fastar|detect_installer|agent_detector|numpy)-[0-9]'
+# Resolved but not needed on the serving path (checked: vllm.entrypoints.cli.serve and the API
+# server import without them). mistral_common IS needed by `vllm serve` (the shared recipe, which
+# only ran offline LLM(), left it out); numpy stays the image's 2.5.2.
+EXCLUDE='^(mcp|mcp_types|pyjwt|cryptography|cffi|pycparser|sse_starlette|opentelemetry_[a-z_]+|googleapis_common_protos|anthropic|docstring_parser|fastapi_cli|fastapi_cloud_cli|rich_toolkit|rignore|sentry_sdk|fastar|detect_installer|agent_detector|numpy)-[0-9]'
 PLATFORM_ARGS=(--only-binary=:all: --python-version 3.12 --implementation cp
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64
   --platform manylinux_2_31_x86_64 --platform manylinux_2_35_x86_64)
@@ -90,7 +92,9 @@ tar -C "$llama" --owner=0 --group=0 --numeric-owner --exclude=__pycache__ --excl
     ls wheels/smoke/*.whl; echo wheels/llama_cpp.tgz; echo wheels/bin/patch; } > list.txt
   tar --owner=0 --group=0 --numeric-owner -cf payload.tar -T list.txt )
 size=$(stat -c %s "$pay/payload.tar")
-max=$((MAX_CHUNK_MIB * 1048576))
+# the tracked (and untracked-not-ignored) tree travels with every call, beside one chunk
+tree=$(cd "$dest_repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s+=$1} END {print s+0}')
+if [ -n "${MAX_CHUNK_MIB:-}" ]; then max=$((MAX_CHUNK_MIB * 1048576)); else max=$((62 * 1048576 - tree)); fi
 n=$(( (size + max - 1) / max ))
 chunk=$(( (size + n - 1) / n ))
 
@@ -113,7 +117,6 @@ if [ -n "$gitdir" ]; then
 fi
 
 # 7. sizes against the 64 MiB that one call may carry (the tracked tree travels every time)
-tree=$(cd "$dest_repo" && git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s -- 2>/dev/null | awk '{s+=$1} END {print s+0}')
 {
   echo "payload $size bytes ($(( size / 1048576 )) MiB), $(wc -l < "$pay/list.txt") files, $n chunks of <= $chunk bytes"
   echo "tree that travels with every call (tracked + untracked-not-ignored): $tree bytes"
@@ -122,6 +125,12 @@ tree=$(cd "$dest_repo" && git ls-files -z --cached --others --exclude-standard |
     tot=$((c + tree))
     ok=ok; [ "$tot" -lt $((64 * 1048576)) ] || ok=OVER
     echo "call $i: carry .vllmstage/stage/c$i  $c bytes ($(awk -v b="$c" 'BEGIN{printf "%.1f", b/1048576}') MiB), with the tree $(awk -v b="$tot" 'BEGIN{printf "%.1f", b/1048576}') MiB: $ok"
+  done
+  echo "device calls, back to back (each within 30 s of the previous one):"
+  for i in $(seq 1 "$n"); do
+    cmd="bash tests/e2e/device_stage.sh recv $i"
+    [ "$i" = "$n" ] && cmd="$cmd && bash tests/e2e/device_stage.sh install && DEADLINE=540 bash tests/e2e/pipeline.sh all"
+    echo "  call $i: carry [\".vllmstage/stage/c$i\"] command: $cmd"
   done
 } | tee "$stage/SIZES.txt"
 if grep -q OVER "$stage/SIZES.txt"; then echo "error: a call would carry more than 64 MiB: lower MAX_CHUNK_MIB" >&2; exit 1; fi
