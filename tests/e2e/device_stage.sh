@@ -24,6 +24,9 @@ case "${1:-}" in
     ls -la "$chunks" ;;
   install)
     t0=$(date +%s%N)
+    if [ -f "$WORK/STAGED" ] && [ ! -f "$chunks/part.0" ]; then   # a repeated call on a warm machine
+      echo "STAGE already installed in $SITE ($(cat "$WORK/STAGED"))"; exit 0
+    fi
     [ -f "$chunks/payload.sha256" ] || { echo "error: payload.sha256 missing: was the last chunk received?" >&2; exit 1; }
     cd "$chunks"
     n=$(cat chunks.count)
@@ -44,7 +47,7 @@ case "${1:-}" in
         --target "$SMOKE_SITE" "$WORK"/wheels/smoke/*.whl
     fi
     t2=$(date +%s%N)
-    touch "$WORK/STAGED"
+    date -u +%FT%TZ > "$WORK/STAGED"
     echo "STAGE reassemble+untar $(( (t1 - t0) / 1000000 )) ms, pip install $(( (t2 - t1) / 1000000 )) ms," \
       "wheels $(ls "$WORK"/wheels/*.whl | wc -l), $SITE $(du -sh "$SITE" | cut -f1)" ;;
   *)

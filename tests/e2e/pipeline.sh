@@ -2,8 +2,10 @@
 # The end-to-end run on a GPU machine (issue 8), after tests/e2e/device_stage.sh has installed the
 # staged vLLM 0.23.0 into $SITE. Runs in the repository root. One step or all of them:
 #
-#   ckpt     build a tiny random-weight GLM-5 HF checkpoint (scripts/tiny_glm5.py, else
-#            tests/e2e/tiny_ckpt.py)
+#   ckpt     build a tiny random-weight GLM-5 HF checkpoint: tests/e2e/tiny_ckpt.py (no MTP
+#            layer; lm_head rows of the special tokens zero, so sampled text never stops at
+#            once and the smoke client's non-empty checks cannot fail by chance), or
+#            scripts/tiny_glm5.py with CKPT_BUILDER=scripts
 #   convert  llama.cpp's convert_hf_to_gguf.py: quantised ($OUTTYPE) and split into shards
 #            (--split-max-tensors, llama.cpp's -NNNNN-of-MMMMM.gguf naming)
 #   merge    scripts/gguf_merge.py SHARD MERGED; the tensor count checked with gguf-py
@@ -24,7 +26,7 @@
 # Environment (defaults): OUT (./e2e-out), WORK (/tmp/e2e), SITE (/tmp/site), SMOKE_SITE
 #   (/tmp/smoke-site), PY (python3), LLAMA_CPP ($WORK/llama_cpp), PORT (8000), DEADLINE (570 s for
 #   one invocation: steps that would start later are skipped), SERVE_TIMEOUT (420 s),
-#   CKPT_BUILDER (auto|scripts|e2e), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
+#   CKPT_BUILDER (e2e|scripts|auto: scripts/tiny_glm5.py when present), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
 #   serve flags), SMOKE_ARGS, SMOKE_BASE_URL (http://127.0.0.1:$PORT/v1), PLUGIN_INSTALL
 #   (a command replacing the pip install of ./backend).
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
@@ -58,7 +60,7 @@ LLAMA_CPP=${LLAMA_CPP:-$WORK/llama_cpp}
 PORT=${PORT:-8000}
 DEADLINE=${DEADLINE:-570}
 SERVE_TIMEOUT=${SERVE_TIMEOUT:-420}
-CKPT_BUILDER=${CKPT_BUILDER:-auto}
+CKPT_BUILDER=${CKPT_BUILDER:-e2e}
 OUTTYPE=${OUTTYPE:-q8_0}
 SPLIT_TENSORS=${SPLIT_TENSORS:-20}
 SERVE_EXTRA=${SERVE_EXTRA:-}

@@ -58,6 +58,7 @@ def test_dry_run_shows_the_fixed_interfaces(tmp_path: Path) -> None:
     out = dry_run(tmp_path, "all").stdout
     work = tmp_path / "work"
     merged = f"{work}/tiny-glm5-Q8_0.gguf"
+    assert f"tests/e2e/tiny_ckpt.py --out {work}/ckpt --seed 0" in out
     assert "--outtype q8_0" in out and "--split-max-tensors 20" in out
     assert f"scripts/gguf_merge.py --no-progress {work}/gguf/tiny-glm5-Q8_0-00001-of-" in out
     assert f"tests/e2e/repro_failures.py --gguf {merged} --hf-dir {work}/ckpt" in out
@@ -155,6 +156,10 @@ def test_device_stage_reassembles_chunks_and_installs(tmp_path: Path) -> None:
     assert not (tmp_path / "site/e2e_client").exists()
     assert (tmp_path / "e2e/llama_cpp/convert_hf_to_gguf.py").read_bytes() == data
     assert (tmp_path / "e2e/STAGED").is_file()
+    # a repeated last call on the warm machine: recv again, install says it is done
+    assert run(["bash", str(DEVICE_STAGE), "recv", "2"], env=env, cwd=repo).returncode == 0
+    r = run(["bash", str(DEVICE_STAGE), "install"], env=env, cwd=repo)
+    assert r.returncode == 0 and "STAGE already installed" in r.stdout
 
 
 def test_device_stage_usage(tmp_path: Path) -> None:

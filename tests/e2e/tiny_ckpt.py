@@ -1,12 +1,13 @@
-"""Write a tiny random-weight GLM-5-architecture Hugging Face checkpoint (fallback builder).
+"""Write a tiny random-weight GLM-5-architecture Hugging Face checkpoint for the GPU e2e run.
 
-The end-to-end pipeline prefers `scripts/tiny_glm5.py`; this builder is used when that script is
-absent. The checkpoint has GLM-5's attention geometry (kv_lora_rank 512 + rope 64 = head size 576,
-qk_nope 192, v_head 256), a DSA indexer (32 heads x 128, index_topk 128, a multiple of 128 as
-vLLM's index conversion asserts), 3 layers (1 dense + 2 MoE with 8 routed experts and 1 shared),
-tensors named as in GLM-5's own safetensors (one tensor per routed expert), a byte-level BPE
-tokenizer that carries GLM's special tokens (llama.cpp's converter looks them up), a chat template
-and a generation config.
+`scripts/tiny_glm5.py` writes a similar model (with an MTP layer) for the patch and plugin tests;
+this one is made for serving: no MTP layer, and the special tokens' lm_head rows are zero under a
+wide lm_head, so sampled replies never end at once. It has GLM-5's attention geometry
+(kv_lora_rank 512 + rope 64 = head size 576, qk_nope 192, v_head 256), a DSA indexer (32 heads x
+128, index_topk 128, a multiple of 128 as vLLM's index conversion asserts), 3 layers (1 dense + 2
+MoE with 8 routed experts and 1 shared), tensors named as in GLM-5's own safetensors (one tensor
+per routed expert), a byte-level BPE tokenizer that carries GLM's special tokens (llama.cpp's
+converter looks them up), a chat template and a generation config.
 
 Needs torch, safetensors, tokenizers and transformers (the runtime venv or the staged vLLM).
 
