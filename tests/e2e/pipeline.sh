@@ -158,10 +158,16 @@ step_patch() {
     xl patch.log "$PY" -m pip install -q --no-index --no-deps --no-build-isolation --no-compile \
       --upgrade --target "$SITE" ./backend || return 1
   fi
-  xl patch.log "$PY" -c 'from importlib.metadata import entry_points
-eps = entry_points(group="vllm.general_plugins")
-print("vllm.general_plugins:", [f"{e.name}={e.value}" for e in eps])
-raise SystemExit(0 if len(eps) else 1)'
+  # vLLM ships entry points of its own in this group: look for the plugin's (backend/pyproject.toml)
+  xl patch.log "$PY" -c 'import sys, tomllib
+from importlib.metadata import entry_points
+with open(sys.argv[1], "rb") as fh:
+    want = tomllib.load(fh)["project"]["entry-points"]["vllm.general_plugins"]
+have = {e.name: e.value for e in entry_points(group="vllm.general_plugins")}
+print("vllm.general_plugins:", have)
+missing = {k: v for k, v in want.items() if have.get(k) != v}
+print("plugin entry points installed" if not missing else f"error: not installed: {missing}")
+sys.exit(1 if missing else 0)' backend/pyproject.toml
 }
 
 step_serve() {
