@@ -21,6 +21,7 @@ HOST      ?= localhost
 INVENTORY ?= inventory/hosts.yml
 
 .PHONY: help test test-controller test-runtime lint format bench runtime lock merge clean
+.PHONY: probe
 
 help: ## List targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n",$$1,$$2}'
@@ -63,6 +64,10 @@ format: $(VENV)/.installed ## Reformat Python with ruff
 merge: $(VENV)/.installed ## Merge split GGUF shards: make merge SHARD=x-00001-of-00010.gguf OUT=x.gguf
 	@[ -n "$(SHARD)" ] && [ -n "$(OUT)" ] || { echo "error: set SHARD= (any shard) and OUT= (merged file)" >&2; exit 2; }
 	$(PY) scripts/gguf_merge.py $(MERGE_ARGS) "$(SHARD)" "$(OUT)"
+
+probe: $(RUNTIME_VENV)/.installed ## Every vLLM attention backend's verdict on GLM-5 on SM120 (fp16)
+	PYTHONPATH=backend/src $(RUNTIME_PY) scripts/probe_backends.py --capability 12.0 --dtype float16 \
+	  --head-size 576 --sparse --kv-cache-dtype auto --block-size 64 $(PROBE_ARGS)
 
 lock: ## Re-resolve requirements/controller.txt from controller.in
 	rm -rf /tmp/glm5-lock && $(PYTHON) -m venv /tmp/glm5-lock
