@@ -295,8 +295,8 @@ def compare(run: dict[str, Any], ref: dict[str, Any], tol: float) -> dict[str, A
 def _install(site: Path, log: Any) -> None:
     """pip-install the plugin into SITE and apply patch 0010 to SITE/vllm (idempotent)."""
     subprocess.run(
-        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-         "--upgrade", "--target", str(site), str(REPO / "backend")],
+        [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+         "--no-build-isolation", "--upgrade", "--target", str(site), str(REPO / "backend")],
         check=True,
     )  # fmt: skip
     shutil.rmtree(REPO / "backend" / "build", ignore_errors=True)
@@ -305,9 +305,29 @@ def _install(site: Path, log: Any) -> None:
         print(f"patch 0010 already applied in {site}", file=log)
         return
     tool = shutil.which("patch")
-    cmd = [tool, "-p1", "--forward", "-i", str(PATCH)] if tool else ["git", "apply", str(PATCH)]
-    subprocess.run(cmd, cwd=site, check=True)
+    if tool:
+        subprocess.run([tool, "-p1", "--forward", "-i", str(PATCH)], cwd=site, check=True)
+    else:  # minimal machines: apply the hunks in Python (exact context, no fuzz)
+        _apply_hunks(PATCH.read_text(), target)
     print(f"applied {PATCH.name} in {site}", file=log)
+
+
+def _apply_hunks(patch: str, target: Path) -> None:
+    """Apply a one-file unified diff exactly: each hunk's old lines must occur once."""
+    text = target.read_text()
+    body = "\n" + patch.split("\n+++ ", 1)[1].split("\n", 1)[1]
+    for hunk in body.split("\n@@ ")[1:]:
+        lines = hunk.split("\n")[1:]
+        old = [x[1:] for x in lines if x[:1] in (" ", "-") or x == ""]
+        new = [x[1:] for x in lines if x[:1] in (" ", "+") or x == ""]
+        while old and old[-1] == "" and new and new[-1] == "":
+            old.pop()
+            new.pop()
+        before, after = "\n".join(old) + "\n", "\n".join(new) + "\n"
+        if text.count(before) != 1:
+            raise RuntimeError(f"{target}: a hunk of {PATCH.name} does not apply")
+        text = text.replace(before, after)
+    target.write_text(text)
 
 
 def main(argv: list[str] | None = None) -> int:
