@@ -150,6 +150,11 @@ class SparseTritonMLAImpl(SparseMLAAttentionImpl[SparseTritonMLAMetadata]):
                 f"SPARSE_TRITON_MLA supports head_size {HEAD_SIZE} with kv_lora_rank "
                 f"{KV_LORA_RANK}, got {head_size} / {mla_args.get('kv_lora_rank')}"
             )
+        if self.dcp_world_size > 1:  # set by AttentionImplBase.__new__
+            raise ValueError(
+                "SPARSE_TRITON_MLA does not return the LSE that decode context "
+                "parallelism needs; run without --decode-context-parallel-size"
+            )
         if kv_cache_dtype not in SparseTritonMLABackend.supported_kv_cache_dtypes:
             raise ValueError(f"SPARSE_TRITON_MLA does not support kv-cache dtype {kv_cache_dtype}")
         self.num_heads = num_heads
