@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 from plugin_helpers import REPO
 
 _spec = importlib.util.spec_from_file_location("plugin_proof", REPO / "tests/e2e/plugin_proof.py")
@@ -59,18 +60,15 @@ def test_proof_groups_cover_every_checked_run() -> None:
     assert Path(proof.PATCH).is_file()
 
 
+@pytest.mark.runtime
 def test_python_hunk_applier_matches_patch(tmp_path: Path) -> None:
     """The proof's fallback for machines without patch/git gives patch(1)'s bytes."""
     import shutil
     import subprocess
 
     pristine = tmp_path / "pristine.py"
-    # The runtime env's file when present; otherwise skip (controller venv has no vLLM).
-    import pytest
-
     vllm_spec = importlib.util.find_spec("vllm")
-    if vllm_spec is None or vllm_spec.origin is None:
-        pytest.skip("needs vLLM's pristine deep_gemm.py (runtime env)")
+    assert vllm_spec is not None and vllm_spec.origin is not None
     shutil.copyfile(Path(vllm_spec.origin).parent / "utils/deep_gemm.py", pristine)
     ours = tmp_path / "ours/vllm/utils/deep_gemm.py"
     ours.parent.mkdir(parents=True)
