@@ -109,9 +109,10 @@ def _platform(class_path: str | None) -> str:
     """Which vLLM platform a backend class is written for (ROCm/XPU/CPU backends can pass the
     generic validation but never run on CUDA)."""
     module = (class_path or "").rsplit(".", 1)[0].lower()
-    for name in ("rocm", "xpu"):
-        if name in module:
-            return name
+    if "rocm" in module or "aiter" in module:
+        return "rocm"
+    if "xpu" in module:
+        return "xpu"
     return "cpu" if module.endswith("cpu_attn") else "cuda"
 
 

@@ -150,3 +150,13 @@ def test_probe_usage_errors_exit_2(argv, message, capsys) -> None:
         probe_backends.main(argv)
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("name", "platform"),
+    [("ROCM_AITER_TRITON_MLA", "rocm"), ("ROCM_AITER_MLA_SPARSE", "rocm"),
+     ("XPU_MLA_SPARSE", "xpu"), ("CPU_ATTN", "cpu"), ("TRITON_MLA", "cuda"), ("CUSTOM", "cuda")],
+)  # fmt: skip
+def test_probe_names_the_platform_of_each_backend(name, platform, capsys) -> None:
+    _, report = _probe_json(GLM5_SM120, capsys)
+    assert {row["name"]: row["platform"] for row in report["backends"]}[name] == platform
