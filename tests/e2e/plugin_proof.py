@@ -185,66 +185,68 @@ def _run_one(spec: tuple, log: Any) -> dict[str, Any]:
         **kwargs,
     )
     init_s = time.perf_counter() - t0
-    info = llm.apply_model(_reinit_weights)[0]
-    from vllm.utils import deep_gemm
+    try:
+        info = llm.apply_model(_reinit_weights)[0]
+        from vllm.utils import deep_gemm
 
-    oot = getattr(deep_gemm, "_use_oot_mqa_logits", None)
-    info["indexer"] = "plugin triton" if oot is not None and oot() else "vLLM DeepGEMM"
-    print(f"[{name}] init {init_s:.1f}s {info}", file=log, flush=True)
+        oot = getattr(deep_gemm, "_use_oot_mqa_logits", None)
+        info["indexer"] = "plugin triton" if oot is not None and oot() else "vLLM DeepGEMM"
+        print(f"[{name}] init {init_s:.1f}s {info}", file=log, flush=True)
 
-    params = SamplingParams(
-        temperature=0.0,
-        max_tokens=NEW_TOKENS,
-        ignore_eos=True,
-        logprobs=TOP_LOGPROBS,
-        prompt_logprobs=TOP_LOGPROBS,
-        seed=SEED,
-    )
-    prompts = [TokensPrompt(prompt_token_ids=p) for p in _prompts(NUM_PROMPTS, PROMPT_LEN, 1)]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    seqs = []
-    for prompt, out in zip(prompts, outs, strict=True):
-        completion = out.outputs[0]
-        ids = prompt["prompt_token_ids"]
-        prompt_lp = [
-            None if lp is None else float(lp[tok].logprob)
-            for tok, lp in zip(ids, out.prompt_logprobs or [], strict=True)
-        ]
-        steps = [
-            {str(t): float(v.logprob) for t, v in lp.items()} for lp in (completion.logprobs or [])
-        ]
-        seqs.append({"tokens": list(completion.token_ids), "steps": steps, "prompt": prompt_lp})
-    result: dict[str, Any] = {"name": name, "init_s": round(init_s, 1), **info, "seqs": seqs}
+        params = SamplingParams(
+            temperature=0.0,
+            max_tokens=NEW_TOKENS,
+            ignore_eos=True,
+            logprobs=TOP_LOGPROBS,
+            prompt_logprobs=TOP_LOGPROBS,
+            seed=SEED,
+        )
+        prompts = [TokensPrompt(prompt_token_ids=p) for p in _prompts(NUM_PROMPTS, PROMPT_LEN, 1)]
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        seqs = []
+        for prompt, out in zip(prompts, outs, strict=True):
+            completion = out.outputs[0]
+            ids = prompt["prompt_token_ids"]
+            prompt_lp = [
+                None if lp is None else float(lp[tok].logprob)
+                for tok, lp in zip(ids, out.prompt_logprobs or [], strict=True)
+            ]
+            steps = [
+                {str(t): float(v.logprob) for t, v in lp.items()}
+                for lp in (completion.logprobs or [])
+            ]
+            seqs.append({"tokens": list(completion.token_ids), "steps": steps, "prompt": prompt_lp})
+        result: dict[str, Any] = {"name": name, "init_s": round(init_s, 1), **info, "seqs": seqs}
 
-    if throughput:
-        tput = [
-            TokensPrompt(prompt_token_ids=p) for p in _prompts(TPUT_PROMPTS, TPUT_PROMPT_LEN, 2)
-        ]
-        one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
-        many = SamplingParams(temperature=0.0, max_tokens=TPUT_NEW_TOKENS, ignore_eos=True)
-        llm.generate(tput[:4], many, use_tqdm=False)  # warm-up
-        torch.cuda.synchronize()
-        t1 = time.perf_counter()
-        llm.generate(tput, one, use_tqdm=False)
-        t2 = time.perf_counter()
-        llm.generate(tput, many, use_tqdm=False)
-        t3 = time.perf_counter()
-        decode_s = (t3 - t2) - (t2 - t1)
-        result["throughput"] = {
-            "batch": TPUT_PROMPTS,
-            "prompt_len": TPUT_PROMPT_LEN,
-            "new_tokens": TPUT_NEW_TOKENS,
-            "prefill_s": round(t2 - t1, 4),
-            "total_s": round(t3 - t2, 4),
-            "decode_tokens_per_s": round(TPUT_PROMPTS * (TPUT_NEW_TOKENS - 1) / decode_s, 1),
-        }
-        print(f"[{name}] throughput {result['throughput']}", file=log, flush=True)
-
-    engine_core = getattr(llm.llm_engine, "engine_core", None)
-    if engine_core is not None and hasattr(engine_core, "shutdown"):
-        engine_core.shutdown()
-    del llm
-    cleanup_dist_env_and_memory()
+        if throughput:
+            tput = [
+                TokensPrompt(prompt_token_ids=p) for p in _prompts(TPUT_PROMPTS, TPUT_PROMPT_LEN, 2)
+            ]
+            one = SamplingParams(temperature=0.0, max_tokens=1, ignore_eos=True)
+            many = SamplingParams(temperature=0.0, max_tokens=TPUT_NEW_TOKENS, ignore_eos=True)
+            llm.generate(tput[:4], many, use_tqdm=False)  # warm-up
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            llm.generate(tput, one, use_tqdm=False)
+            t2 = time.perf_counter()
+            llm.generate(tput, many, use_tqdm=False)
+            t3 = time.perf_counter()
+            decode_s = (t3 - t2) - (t2 - t1)
+            result["throughput"] = {
+                "batch": TPUT_PROMPTS,
+                "prompt_len": TPUT_PROMPT_LEN,
+                "new_tokens": TPUT_NEW_TOKENS,
+                "prefill_s": round(t2 - t1, 4),
+                "total_s": round(t3 - t2, 4),
+                "decode_tokens_per_s": round(TPUT_PROMPTS * (TPUT_NEW_TOKENS - 1) / decode_s, 1),
+            }
+            print(f"[{name}] throughput {result['throughput']}", file=log, flush=True)
+    finally:  # free the GPU for the next run even when this one failed
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
     return result
 
 
