@@ -20,8 +20,7 @@ PYTEST_ARGS ?=
 HOST      ?= localhost
 INVENTORY ?= inventory/hosts.yml
 
-.PHONY: help test test-controller test-runtime lint format bench bench-merge bench-kernels runtime lock merge clean
-.PHONY: bench-kernels
+.PHONY: help test test-controller test-runtime lint format bench bench-merge bench-kernels runtime lock merge clean probe
 
 help: ## List targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n",$$1,$$2}'
@@ -69,6 +68,10 @@ bench: bench-merge bench-kernels ## Run the benchmarks (merge here; kernels need
 
 bench-merge: $(VENV)/.installed ## Merge vs cat vs llama-gguf-split (~20 GB free in /tmp, ~10 min)
 	$(PY) benchmarks/bench_merge.py $(BENCH_MERGE_ARGS)
+
+probe: | $(RUNTIME_VENV)/.installed ## Every vLLM attention backend's verdict on GLM-5 on SM120 (fp16)
+	PYTHONPATH=backend/src $(RUNTIME_PY) scripts/probe_backends.py --capability 12.0 --dtype float16 \
+	  --head-size 576 --sparse --kv-cache-dtype auto --block-size 64 $(PROBE_ARGS)
 
 lock: ## Re-resolve requirements/controller.txt from controller.in
 	rm -rf /tmp/glm5-lock && $(PYTHON) -m venv /tmp/glm5-lock
