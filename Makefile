@@ -72,3 +72,28 @@ lock: ## Re-resolve requirements/controller.txt from controller.in
 
 clean: ## Remove the controller venv and caches inside the repo
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# --- Deployment (playbooks/, issue 7) ---------------------------------------------------------
+# The real inventory is the untracked inventory/hosts.yml; without it the example is used. A HOST
+# that is not in the inventory is reached as a bare name/IP (`-i "HOST,"`); localhost is local.
+DEPLOY_INVENTORY = $(if $(wildcard $(INVENTORY)),$(INVENTORY),inventory/hosts.example.yml)
+ANSIBLE_TARGET   = -i $(DEPLOY_INVENTORY) -i "$(HOST)," -l "$(HOST)" \
+                   $(if $(filter localhost,$(HOST)),-e ansible_connection=local -e ansible_python_interpreter=/usr/bin/python3)
+ANSIBLE_ARGS    ?=
+.PHONY: deploy verify-patches smoke system-deps
+
+deploy: $(VENV)/.installed ## Provision a host end to end: make deploy HOST=gpu01 [CHECK=1] [ANSIBLE_ARGS=...]
+	@[ -n "$(HOST)" ] || { echo "error: set HOST= (inventory name, hostname or IP)" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook $(ANSIBLE_TARGET) playbooks/site.yml $(if $(CHECK),--check --diff) $(ANSIBLE_ARGS)
+
+verify-patches: $(VENV)/.installed ## Re-verify pins, vLLM patches and the service on HOST (changes nothing)
+	@[ -n "$(HOST)" ] || { echo "error: set HOST=" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook $(ANSIBLE_TARGET) playbooks/verify.yml $(ANSIBLE_ARGS)
+
+smoke: $(VENV)/.installed ## Smoke-test the endpoint on HOST from the host itself (scripts/smoke_test.py)
+	@[ -n "$(HOST)" ] || { echo "error: set HOST=" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook $(ANSIBLE_TARGET) playbooks/smoke.yml $(ANSIBLE_ARGS)
+
+system-deps: ## Debian packages the deployment tests need (openssh-server, systemd-analyze); root only
+	command -v sshd >/dev/null && command -v systemd-analyze >/dev/null || \
+	  { apt-get install -y -q openssh-server systemd || { apt-get update -q && apt-get install -y -q openssh-server systemd; }; }
