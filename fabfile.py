@@ -147,7 +147,7 @@ def status(c):
             t,
             cxn,
             "nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.used"
-            " --format=csv,noheader 2>&1 || echo 'no nvidia-smi'",
+            " --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'",
         ).stdout.strip()
         driver = _run(
             t, cxn, "head -1 /proc/driver/nvidia/version 2>/dev/null || echo 'not loaded'"
