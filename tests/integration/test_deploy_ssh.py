@@ -11,11 +11,13 @@ files (when scripts/vllm_patches.py and patches/ are merged).
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import os
 import shutil
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -30,7 +32,9 @@ HAVE_MERGER = (REPO / "scripts/gguf_merge.py").is_file()
 HAVE_PATCHES = (REPO / "scripts/vllm_patches.py").is_file() and (
     REPO / "patches/vllm-0.23.0/series"
 ).is_file()
-HAVE_BACKEND = (REPO / "backend/pyproject.toml").is_file()
+HAVE_SMOKE = (REPO / "scripts/smoke_test.py").is_file() and (
+    REPO / "tests/smoke/fake_openai_server.py"
+).is_file()
 HOST = "glm5-test"
 
 # The explicit switches for what this machine cannot do (each named, each documented).
@@ -238,27 +242,30 @@ def test_a_unit_whose_executable_is_missing_is_refused_by_validate(target: dict)
 
 
 def test_health_wait_simulated_vllm_up_and_down(target: dict) -> None:
-    """A stand-in HTTP server plays vLLM's /health (no systemd here to start the real one)."""
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    """A stand-in HTTP server plays vLLM's /health on the service port (no systemd here)."""
+    port = target["vars"]["vllm_service_port"]
     extra = target["root"] / "health.yml"
-    base = {
-        "vllm_service_health_check": True,
-        "vllm_service_health_retries": 2,
-        "vllm_service_health_delay": 1,
-    }
+    extra.write_text(
+        yaml.safe_dump(
+            {
+                "vllm_service_health_check": True,
+                "vllm_service_health_retries": 2,
+                "vllm_service_health_delay": 1,
+            }
+        )
+    )
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), _Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        extra.write_text(yaml.safe_dump({**base, "vllm_service_port": server.server_port}))
         up = _by_name(target, ANSIBLE_ARGS=f"--tags service -e @{extra}")
     finally:
         server.shutdown()
         server.server_close()
     assert up.rc == 0, up.output[-4000:]
     assert up.recap(HOST)["changed"] == 0
-    extra.write_text(yaml.safe_dump({**base, "vllm_service_port": server.server_port}))
     down = _by_name(target, ANSIBLE_ARGS=f"--tags service -e @{extra}")
     assert down.rc != 0
-    url = f"http://127.0.0.1:{server.server_port}/health"
+    url = f"http://127.0.0.1:{port}/health"
     assert f"error: {HOST}: glm5-vllm did not answer {url}" in down.output
     assert "journal lines (journalctl -u glm5-vllm)" in down.output
 
@@ -295,6 +302,25 @@ def test_patch_drift_stops_verify_with_the_tools_message(target: dict) -> None:
     assert result.rc != 0
     assert "the vLLM patch series does not verify in" in result.output
     assert "drifted" in result.output
+
+
+@pytest.mark.skipif(not HAVE_SMOKE, reason="scripts/smoke_test.py not merged yet")
+def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
+    """make smoke runs smoke_test.py on the host against a stand-in OpenAI server on the port."""
+    spec = importlib.util.spec_from_file_location(
+        "fake_openai_server", REPO / "tests/smoke/fake_openai_server.py"
+    )
+    fake = importlib.util.module_from_spec(spec)
+    sys.modules["fake_openai_server"] = fake
+    spec.loader.exec_module(fake)
+    key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
+    behaviour = fake.Behaviour(models=["glm-5"], api_key=key)
+    with fake.FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
+        result = _by_name(target, "smoke")
+    assert result.rc == 0, result.output[-4000:]
+    assert key not in result.output
+    assert any(auth == f"Bearer {key}" for _, _, auth in server.requests)
+    assert any(auth is None for _, _, auth in server.requests)  # the 401 check ran
 
 
 def test_fabric_status_and_verify_against_the_same_sshd(target: dict) -> None:
