@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import yaml
-from deploy_helpers import make
+from deploy_helpers import REPO, make
 
 NO_GPU = "no NVIDIA GPU found (no PCI device with vendor 0x10de, nvidia-smi not found)"
 
@@ -121,8 +121,28 @@ def test_preflight_refuses_a_boolean_passed_as_a_string(tmp_path: Path) -> None:
     assert 'error: nvidia_driver_enabled is the string "false", not a boolean' in result.output
 
 
-def test_check_mode_reports_the_refusal_and_goes_on(tmp_path: Path) -> None:
-    result = _deploy(tmp_path, {}, check=True)
-    assert result.rc == 0, result.output[-3000:]
+def test_make_deploy_check_runs_the_whole_play_on_this_box_and_changes_nothing(
+    tmp_path: Path,
+) -> None:
+    vars_file = tmp_path / "vars.yml"
+    # Until backend/ and scripts/ are merged there is nothing to copy; then those steps run too.
+    have_backend = (REPO / "backend/pyproject.toml").is_file()
+    have_merger = (REPO / "scripts/gguf_merge.py").is_file()
+    vars_file.write_text(
+        yaml.safe_dump(
+            {"vllm_runtime_backend_install": have_backend, "gguf_weights_merge": have_merger}
+        )
+    )
+    before = {p: p.exists() for p in (Path("/opt/glm5"), Path("/srv/glm5"), Path("/etc/glm5"))}
+    result = make("deploy", CHECK="1", ANSIBLE_ARGS=f"-e @{vars_file}")
+    assert result.rc == 0, result.output[-4000:]
     assert f"check mode: a real run would stop here: {NO_GPU}" in result.output
-    assert result.recap("localhost")["changed"] == 0
+    for task in (
+        "TASK [nvidia_driver : Driver | Look for the headers package of the running kernel]",
+        "TASK [vllm_runtime : Runtime | Install uv into its own venv]",
+        "TASK [vllm_patches : Patches | Say what a real run would do (check mode, no venv yet)]",
+        "TASK [vllm_service : Service | Install the systemd unit]",
+    ):
+        assert task in result.output
+    assert result.recap("localhost")["failed"] == 0
+    assert {p: p.exists() for p in before} == before  # check mode wrote nothing

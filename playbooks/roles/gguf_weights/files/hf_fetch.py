@@ -1,4 +1,4 @@
-"""Fetch config/tokenizer files (never weights) of a hub repo into a directory. Exit 0 ok, 1 error."""
+"""Fetch config and tokenizer files (never weights) of a hub repo. Exit 0 ok, 1 error."""
 
 import sys
 from pathlib import Path

@@ -58,7 +58,13 @@ def nvidia_smi(binary: str) -> dict:
         fields = [f.strip() for f in line.split(",")]
         if len(fields) >= 5:
             gpus.append(
-                dict(zip(("index", "name", "compute_cap", "driver", "memory_mib"), fields))
+                dict(
+                    zip(
+                        ("index", "name", "compute_cap", "driver", "memory_mib"),
+                        fields[:5],
+                        strict=True,
+                    )
+                )
             )
     return {"present": True, "gpus": gpus, "error": ""}
 
