@@ -83,10 +83,10 @@ clean: ## Remove the controller venv and caches inside the repo
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
 # --- vLLM patch series (patches/vllm-0.23.0, scripts/vllm_patches.py) ---
-.PHONY: verify-patches patch-tool
+.PHONY: verify-patches-local patch-tool
 RUNTIME_SITE = $(shell $(RUNTIME_PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 
-verify-patches: patch-tool | $(RUNTIME_VENV)/.installed ## Verify the vLLM patch series on the local runtime env
+verify-patches-local: patch-tool | $(RUNTIME_VENV)/.installed ## Verify the vLLM patch series on the local runtime env
 	$(RUNTIME_PY) scripts/vllm_patches.py verify --site-packages "$(RUNTIME_SITE)"
 
 # GNU patch applies the series; minimal Debian images lack it (installed when running as root).
@@ -102,3 +102,28 @@ test-runtime: patch-tool
 BENCH_KERNELS_ARGS ?=
 bench-kernels: | $(RUNTIME_VENV)/.installed ## Time the Triton sparse MLA + indexer kernels (GPU host)
 	$(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
+
+# --- Deployment (playbooks/, issue 7) ---------------------------------------------------------
+# The real inventory is the untracked inventory/hosts.yml; without it the example is used. A HOST
+# that is not in the inventory is reached as a bare name/IP (`-i "HOST,"`); localhost is local.
+DEPLOY_INVENTORY = $(if $(wildcard $(INVENTORY)),$(INVENTORY),inventory/hosts.example.yml)
+ANSIBLE_TARGET   = -i $(DEPLOY_INVENTORY) -i "$(HOST)," -l "$(HOST)" \
+                   $(if $(filter localhost,$(HOST)),-e ansible_connection=local -e ansible_python_interpreter=/usr/bin/python3)
+ANSIBLE_ARGS    ?=
+.PHONY: deploy verify-patches smoke system-deps
+
+deploy: $(VENV)/.installed ## Provision a host end to end: make deploy HOST=gpu01 [CHECK=1] [ANSIBLE_ARGS=...]
+	@[ -n "$(HOST)" ] || { echo "error: set HOST= (inventory name, hostname or IP)" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook $(ANSIBLE_TARGET) playbooks/site.yml $(if $(CHECK),--check --diff) $(ANSIBLE_ARGS)
+
+verify-patches: $(VENV)/.installed ## Re-verify pins, vLLM patches and the service on HOST (changes nothing)
+	@[ -n "$(HOST)" ] || { echo "error: set HOST=" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook $(ANSIBLE_TARGET) playbooks/verify.yml $(ANSIBLE_ARGS)
+
+smoke: $(VENV)/.installed ## Smoke-test the endpoint on HOST from the host itself (scripts/smoke_test.py)
+	@[ -n "$(HOST)" ] || { echo "error: set HOST=" >&2; exit 2; }
+	$(VENV)/bin/ansible-playbook $(ANSIBLE_TARGET) playbooks/smoke.yml $(ANSIBLE_ARGS)
+
+system-deps: ## Debian packages the deployment tests need (openssh-server, systemd-analyze); root only
+	command -v sshd >/dev/null && command -v systemd-analyze >/dev/null || \
+	  { apt-get install -y -q openssh-server systemd || { apt-get update -q && apt-get install -y -q openssh-server systemd; }; }
