@@ -407,6 +407,17 @@ def test_check_mode_on_converged_cluster_changes_nothing(cluster: Cluster) -> No
     assert {h: r["changed"] for h, r in recap(proc.stdout).items()} == dict.fromkeys(HOSTS, 0)
 
 
+def test_fabric_status_spans_the_cluster(cluster: Cluster) -> None:
+    env = {**os.environ, "GLM5_INVENTORY": str(cluster.root / "inventory/hosts.yml")}
+    fab = [BIN / "fab", "-f", REPO / "fabfile_cluster.py", "status"]
+    proc = _run(*fab, check=False, env=env, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    for host in HOSTS:
+        role = "head" if host == HOSTS[0] else "worker"
+        assert f"== {host} ({role}, {cluster.ip[host]}): glm5-ray active\n" in proc.stdout
+    assert "ray nodes alive: 3/3\n" in proc.stdout
+
+
 def test_teardown_is_idempotent_and_rerun_forms_the_cluster_again(cluster: Cluster) -> None:
     down = cluster.playbook("-e", "ray_cluster_state=absent")
     assert down.returncode == 0, down.stdout[-4000:]
