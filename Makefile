@@ -72,3 +72,14 @@ lock: ## Re-resolve requirements/controller.txt from controller.in
 
 clean: ## Remove the controller venv and caches inside the repo
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# --- Multi-host serving (vLLM over Ray; issue 9) --------------------------------------------
+.PHONY: cluster-status cluster-logs cluster-restart
+cluster-status: $(VENV)/.installed ## Ray unit on every cluster host, alive nodes, vLLM on the head
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -f fabfile_cluster.py status
+
+cluster-logs: $(VENV)/.installed ## Journal of the Ray unit on every cluster host: make cluster-logs [LINES=200]
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -f fabfile_cluster.py logs --lines $(or $(LINES),100)
+
+cluster-restart: $(VENV)/.installed ## Restart the cluster in order: vLLM down, Ray head, workers, vLLM up
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -f fabfile_cluster.py restart

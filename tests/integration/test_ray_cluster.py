@@ -278,7 +278,8 @@ class Cluster:
         env = {
             **os.environ,
             "ANSIBLE_ROLES_PATH": str(REPO / "playbooks/roles"),
-            "ANSIBLE_SSH_CONTROL_PATH_DIR": str(self.root / "cp"),
+            # A fresh SSH master per run: a persisted one would outlive a host that went down.
+            "ANSIBLE_SSH_CONTROL_PATH_DIR": tempfile.mkdtemp(prefix="cp", dir=self.root),
             "ANSIBLE_LOCAL_TEMP": str(self.root / "atmp"),
             "ANSIBLE_PIPELINING": "true",
             "ANSIBLE_NOCOLOR": "1",
@@ -459,6 +460,8 @@ def test_preflight_names_hosts_that_cannot_reach_each_other(cluster: Cluster) ->
 
 
 def test_preflight_names_a_worker_that_is_down(cluster: Cluster) -> None:
+    # Down: its link is gone (no ARP answer, connections fail) and its sshd stopped.
+    cluster.in_host("glm5-w2", "ip", "link", "set", "eth0", "down", check=True)
     cluster.stop_sshd("glm5-w2")
     proc = cluster.playbook()
     assert proc.returncode != 0
