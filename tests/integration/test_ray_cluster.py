@@ -2,7 +2,7 @@
 
 Each "host" is a network namespace on a private bridge (10.213.N.0/24) with its own mount
 namespace: an overlay over /etc (so users, units and /etc/glm5 are per host), a tmpfs on
-/tmp/ray (Ray's session dir) and tests/integration/simulated_systemctl.py bind-mounted over
+/var/lib/glm5-ray (Ray's sessions) and tests/integration/simulated_systemctl.py bind-mounted over
 /usr/bin/systemctl, because PID 1 of the CI VM is not systemd. An sshd listens on each host's
 address, and Ansible reaches the hosts over SSH from an inventory, the way `make deploy` does.
 Ray 2.48.0 (the role's pin) comes from PyPI into a cached venv outside the repo.
@@ -48,6 +48,7 @@ def _defaults() -> dict:
 
 
 RAY_VERSION = _defaults()["ray_cluster_ray_version"]
+RAY_STATE_DIR = _defaults()["ray_cluster_state_dir"]
 
 
 # --- Static checks (milliseconds) ---------------------------------------------------------
@@ -130,7 +131,8 @@ class Cluster:
         _run("ip", "addr", "add", f"{self.subnet}.1/24", "dev", self.bridge)
         _run("ip", "link", "set", self.bridge, "up")
         Path("/run/sshd").mkdir(exist_ok=True)
-        Path("/tmp/ray").mkdir(exist_ok=True)  # mount point for each host's private tmpfs
+        # Mount point for each host's private tmpfs (Ray's state dir, the role's default path).
+        Path(RAY_STATE_DIR).mkdir(exist_ok=True)
         for host in HOSTS:
             ns, veth = self.ns[host], f"{self.ns[host]}v"
             _run("ip", "netns", "add", ns)
@@ -169,7 +171,7 @@ class Cluster:
         hdir = self.root / host
         script = (
             f"mount -t overlay overlay -o lowerdir=/etc,upperdir={hdir}/etc-up,"
-            f"workdir={hdir}/etc-work /etc && mount -t tmpfs -o mode=1777 tmpfs /tmp/ray && "
+            f"workdir={hdir}/etc-work /etc && mount -t tmpfs tmpfs {RAY_STATE_DIR} && "
             f"mount --bind {hdir}/systemctl /usr/bin/systemctl && "
             f"exec /usr/sbin/sshd -D -e -f {hdir}/sshd_config"
         )
@@ -224,7 +226,14 @@ class Cluster:
             proc = self.sshd.pop(host)
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=10)
+        # SSH masters of the controller and the per-connection sshd they keep in the namespaces.
+        for pid in _pids_matching(f"ssh: {self.root}/"):
+            os.kill(pid, signal.SIGTERM)
         for ns in self.ns.values():
+            pids = _run("ip", "netns", "pids", ns, check=False).stdout.split()
+            for pid in pids:
+                os.kill(int(pid), signal.SIGKILL)
+            _run("ip", "link", "del", f"{ns}v", check=False)
             _run("ip", "netns", "del", ns, check=False)
         _run("ip", "link", "del", self.bridge, check=False)
 
@@ -293,6 +302,19 @@ class Cluster:
         proc.wall = time.monotonic() - start  # type: ignore[attr-defined]
         print(f"$ ansible-playbook {' '.join(args)}: rc={proc.returncode} in {proc.wall:.1f} s")
         return proc
+
+
+def _pids_matching(prefix: str) -> list[int]:
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if cmd.startswith(prefix):
+                pids.append(int(proc.name))
+    return pids
 
 
 def recap(out: str) -> dict[str, dict[str, int]]:
