@@ -76,10 +76,10 @@ clean: ## Remove the controller venv and caches inside the repo
 # --- Multi-host serving (vLLM over Ray; issue 9) --------------------------------------------
 .PHONY: cluster-status cluster-logs cluster-restart
 cluster-status: $(VENV)/.installed ## Ray unit on every cluster host, alive nodes, vLLM on the head
-	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -f fabfile_cluster.py status
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -c fabfile_cluster status
 
 cluster-logs: $(VENV)/.installed ## Journal of the Ray unit on every cluster host: make cluster-logs [LINES=200]
-	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -f fabfile_cluster.py logs --lines $(or $(LINES),100)
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -c fabfile_cluster logs --lines $(or $(LINES),100)
 
 cluster-restart: $(VENV)/.installed ## Restart the cluster in order: vLLM down, Ray head, workers, vLLM up
-	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -f fabfile_cluster.py restart
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -c fabfile_cluster restart

@@ -2,9 +2,9 @@
 
 The cluster is the inventory's glm5_head + glm5_workers groups (no second list of hosts).
 
-    fab -f fabfile_cluster.py status            # Ray unit per host, alive nodes, vLLM on head
-    fab -f fabfile_cluster.py logs --lines 200  # journal of the Ray unit (and vLLM on the head)
-    fab -f fabfile_cluster.py restart           # vLLM down, Ray head, Ray workers, vLLM up
+    fab -c fabfile_cluster status            # Ray unit per host, alive nodes, vLLM on head
+    fab -c fabfile_cluster logs --lines 200  # journal of the Ray unit (and vLLM on the head)
+    fab -c fabfile_cluster restart           # vLLM down, Ray head, Ray workers, vLLM up
 
 The inventory is $GLM5_INVENTORY, else inventory/hosts.yml, else inventory/cluster.example.yml.
 """

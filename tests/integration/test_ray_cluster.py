@@ -432,7 +432,7 @@ def test_check_mode_on_converged_cluster_changes_nothing(cluster: Cluster) -> No
 
 def test_fabric_status_spans_the_cluster(cluster: Cluster) -> None:
     env = {**os.environ, "GLM5_INVENTORY": str(cluster.root / "inventory/hosts.yml")}
-    fab = [BIN / "fab", "-f", REPO / "fabfile_cluster.py", "status"]
+    fab = [BIN / "fab", "-c", "fabfile_cluster", "status"]
     proc = _run(*fab, check=False, env=env, cwd=REPO, timeout=120)
     assert proc.returncode == 0, proc.stderr
     for host in HOSTS:
