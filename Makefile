@@ -127,3 +127,14 @@ smoke: $(VENV)/.installed ## Smoke-test the endpoint on HOST from the host itsel
 system-deps: ## Debian packages the deployment tests need (openssh-server, systemd-analyze); root only
 	command -v sshd >/dev/null && command -v systemd-analyze >/dev/null || \
 	  { apt-get install -y -q openssh-server systemd || { apt-get update -q && apt-get install -y -q openssh-server systemd; }; }
+
+# --- Multi-host serving (vLLM over Ray; issue 9) --------------------------------------------
+.PHONY: cluster-status cluster-logs cluster-restart
+cluster-status: $(VENV)/.installed ## Ray unit on every cluster host, alive nodes, vLLM on the head
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -c fabfile_cluster status
+
+cluster-logs: $(VENV)/.installed ## Journal of the Ray unit on every cluster host: make cluster-logs [LINES=200]
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -c fabfile_cluster logs --lines $(or $(LINES),100)
+
+cluster-restart: $(VENV)/.installed ## Restart the cluster in order: vLLM down, Ray head, workers, vLLM up
+	GLM5_INVENTORY=$(INVENTORY) $(VENV)/bin/fab -c fabfile_cluster restart
