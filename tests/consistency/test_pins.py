@@ -47,3 +47,13 @@ def test_controller_lock_covers_every_direct_pin() -> None:
     lock = _requirements(REPO / "requirements/controller.txt")
     for name, version in _requirements(REPO / "requirements/controller.in").items():
         assert lock.get(name) == version, f"{name}=={version} missing from controller.txt"
+
+
+def test_plugin_distribution_pins_the_same_vllm() -> None:
+    text = (REPO / "backend/pyproject.toml").read_text()
+    assert re.findall(r'"vllm==([^"]+)"', text) == [_group_vars()["glm5_vllm_version"]]
+
+
+def test_patch_series_exists_for_the_pinned_vllm() -> None:
+    version = _group_vars()["glm5_vllm_version"]
+    assert (REPO / f"patches/vllm-{version}/series").is_file()

@@ -21,7 +21,9 @@ dest_repo=$(cd "${1:-$src_repo}" && pwd)
 WORK=${WORK:-${XDG_CACHE_HOME:-$HOME/.cache}/glm5-sm120/e2e-stage}
 PY=${PY:-python3}
 VLLM_VERSION=0.23.0
-ROOTS=('transformers==5.5.4' 'apache-tvm-ffi==0.1.15.post2' 'gguf==0.18.0' "vllm==$VLLM_VERSION")
+# pycountry: the staged mistral_common imports it (pydantic_extra_types); pyelftools: humming.
+ROOTS=('transformers==5.5.4' 'apache-tvm-ffi==0.1.15.post2' 'gguf==0.18.0' "vllm==$VLLM_VERSION"
+  'pycountry==26.2.16' 'pyelftools==0.33')
 # Heavy GPU extras the Triton/MLA path does without, and what the image already has right.
 SKIP=flashinfer-python,flashinfer-cubin,tilelang,nvidia-cudnn-frontend,fastsafetensors,nvidia-cutlass-dsl,quack-kernels,tokenspeed-mla,humming-kernels,torch,torchaudio,torchvision,numba,setuptools
 # Resolved but not needed on the serving path (checked: vllm.entrypoints.cli.serve and the API
@@ -66,6 +68,11 @@ log "resolve: ${roots[*]}"
 grep -E '^(FAIL|CONFLICT)' "$WORK/deps/resolve.log" || true
 if grep -q '^FAIL' "$WORK/deps/resolve.log"; then echo "error: some wheels could not be resolved" >&2; exit 1; fi
 mapfile -t carried < <(awk '/^CARRY/ {print $NF}' "$WORK/deps/resolve.log" | grep -v '^vllm-')
+# humming-kernels stays out of the resolve (its [cu13] extra pulls CUDA wheels the image has), but
+# vLLM's get_quantization_config imports it for every quantization method, GGUF included (seen on
+# the H200): carry the pure-Python wheel itself.
+"$PY" -m pip download -q --no-deps "${PLATFORM_ARGS[@]}" --platform any 'humming-kernels==0.1.4' -d "$WORK/deps"
+carried+=("$(cd "$WORK/deps" && ls humming_kernels-0.1.4-*.whl | head -1)")
 
 # 3. the smoke client's openai, pinned as in the controller env (requirements/controller.txt)
 openai_pin=$(grep -E '^openai==' "$src_repo/requirements/controller.txt" | head -1)
