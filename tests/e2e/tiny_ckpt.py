@@ -17,6 +17,7 @@ Needs torch, safetensors, tokenizers and transformers (the runtime venv or the s
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -26,6 +27,7 @@ EXAMPLES = """examples:
   python tests/e2e/tiny_ckpt.py --out /tmp/tiny-glm5 --seed 1 --layers 4
 """
 
+REPO = Path(__file__).resolve().parents[2]
 VOCAB = 512
 SPECIAL = ["<|endoftext|>", "[MASK]", "[gMASK]", "[sMASK]", "<sop>", "<eop>", "<|system|>",
            "<|user|>", "<|assistant|>", "<|observation|>"]  # fmt: skip
@@ -41,51 +43,14 @@ TEXT = (
 
 
 def make_config(layers: int) -> dict:
-    return {
-        "architectures": ["GlmMoeDsaForCausalLM"],
-        "model_type": "glm_moe_dsa",
-        "hidden_size": 512,
-        "intermediate_size": 1024,
-        "moe_intermediate_size": 256,
-        "num_hidden_layers": layers,
-        "first_k_dense_replace": 1,
-        "moe_layer_freq": 1,
-        "mlp_layer_types": ["dense"] + ["sparse"] * (layers - 1),
-        "num_attention_heads": 8,
-        "num_key_value_heads": 8,
-        "q_lora_rank": 256,
-        "kv_lora_rank": 512,
-        "qk_nope_head_dim": 192,
-        "qk_rope_head_dim": 64,
-        "qk_head_dim": 256,
-        "v_head_dim": 256,
-        "head_dim": 64,
-        "index_topk": 128,
-        "index_head_dim": 128,
-        "index_n_heads": 32,
-        "indexer_rope_interleave": True,
-        "rope_interleave": True,
-        "n_routed_experts": 8,
-        "n_shared_experts": 1,
-        "num_experts_per_tok": 2,
-        "n_group": 1,
-        "topk_group": 1,
-        "topk_method": "noaux_tc",
-        "scoring_func": "sigmoid",
-        "norm_topk_prob": True,
-        "routed_scaling_factor": 2.5,
-        "hidden_act": "silu",
-        "rms_norm_eps": 1e-5,
-        "attention_bias": False,
-        "max_position_embeddings": 4096,
-        "rope_parameters": {"rope_theta": 1000000.0, "rope_type": "default"},
+    """scripts/tiny_glm5.py's config (one source for the geometry), without MTP or a BOS token."""
+    spec = importlib.util.spec_from_file_location("tiny_glm5", REPO / "scripts/tiny_glm5.py")
+    assert spec is not None and spec.loader is not None
+    tiny_glm5 = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tiny_glm5)
+    return tiny_glm5.config(num_layers=layers, mtp_layers=0) | {
         "vocab_size": VOCAB,
-        "tie_word_embeddings": False,
         "bos_token_id": None,
-        "eos_token_id": [0, 7, 9],
-        "pad_token_id": 0,
-        "num_nextn_predict_layers": 0,
-        "torch_dtype": "bfloat16",
     }
 
 
