@@ -56,9 +56,6 @@ def main(argv: list[str] | None = None) -> int:
         p.error("give the converter's arguments after --")
 
     sys.path.insert(0, str(args.llama_cpp))
-    # gguf-py treats mistral_common as optional (ImportError), but the staged copy for `vllm serve`
-    # raises RuntimeError on import without pycountry; the converter never needs it for GLM-5.
-    sys.modules["mistral_common"] = None  # type: ignore[assignment]
     import convert_hf_to_gguf as converter  # noqa: PLC0415  (path known only at run time)
     from conversion.base import TextModel  # noqa: PLC0415
 
