@@ -1,16 +1,23 @@
-"""Benchmark the sparse MLA and indexer kernels on a CUDA GPU, side by side with the ceilings.
+"""Benchmark the sparse MLA and indexer kernels on a CUDA GPU, side by side with the ceilings,
+the naive torch reference and, where vLLM 0.23.0 imports, vLLM's own kernels in the same run.
 
 Method (as shared/notes/anchors-h200.md): every call is captured n times in one CUDA graph that
-cycles through L input sets whose KV rows add up to >= 4x the L2 (L <= 128), so each call is
+cycles through L input sets whose bytes add up to >= 4x the L2 (L <= 128), so each call is
 cold-L2 like a real layer; 2 warm-up replays, 15 timed replays, median / n. Ceilings (device
-copy, fp16 matmul) are measured in the same run. fp16, top-k 2048.
+copy, fp16 matmul) are measured at the start and the end. fp16 (FlashMLA: bf16), top-k 2048.
+
+Columns: ours; naive torch (gather + matmul); vLLM FlashMLA sparse (flash_mla_sparse_fwd, bf16,
+heads padded to 64 as vLLM does); vLLM TRITON_MLA decode over a dense context of 2048 (vLLM's
+own split rule); vLLM persistent_topk / top_k_per_row_decode / top_k_per_row_prefill on the
+same logits as our top-k. Columns that could not be filled (no vLLM importable, an op missing)
+are listed at the end. Needs PYTHONPATH=tests:backend/src (plus vLLM's site for its columns).
 
 Exit: 0 ok (also when skipped: no CUDA GPU, unless --require-gpu), 1 no GPU with --require-gpu,
 2 usage.
 
-    python benchmarks/bench_kernels.py                 # full table
-    python benchmarks/bench_kernels.py --quick         # fewer shapes
-    python benchmarks/bench_kernels.py --sweep --json out.json
+    PYTHONPATH=tests:backend/src python benchmarks/bench_kernels.py            # full table
+    PYTHONPATH=tests:backend/src python benchmarks/bench_kernels.py --quick    # fewer shapes
+    PYTHONPATH=/tmp/site:tests:backend/src python benchmarks/bench_kernels.py --sweep --json o.json
 """
 
 from __future__ import annotations
@@ -23,23 +30,12 @@ import time
 from functools import partial
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "backend" / "src"))
-
 EXAMPLES = __doc__.split("\n\n")[-1]
 TOPK = 2048
 ROW_BYTES = 576 * 2
 SCALE = 1.0 / 16
-
-# vLLM 0.23.0 on the same H200 (anchors-h200.md, 2026-12-03): bf16-cache path (FlashMLA sparse
-# prefill kernel, heads padded to 64); vLLM's kernels are not staged in this run.
-VLLM_ANCHOR_US = {
-    (8, "decode", 1): 62.1, (8, "decode", 8): 67.6, (8, "decode", 32): 69.4,
-    (8, "decode", 128): 90.9, (8, "prefill", 1024): 585.8, (8, "prefill", 4096): 2322.0,
-    (16, "decode", 1): 61.6, (16, "decode", 8): 67.7, (16, "decode", 32): 69.6,
-    (16, "decode", 128): 92.9, (16, "prefill", 1024): 600.1, (16, "prefill", 4096): 2377.5,
-    (64, "decode", 1): 60.1, (64, "decode", 8): 64.9, (64, "decode", 32): 65.7,
-    (64, "decode", 128): 91.2, (64, "prefill", 1024): 625.8, (64, "prefill", 4096): 2505.1,
-}  # fmt: skip
+SM120_COPY_TBS = 1.79  # RTX PRO 6000 Blackwell, for the on-paper column
+MISSING: dict[str, str] = {}  # column -> why it could not be filled
 
 
 def ceilings(torch) -> tuple[float, float]:
@@ -116,159 +112,307 @@ def naive_attention(torch, q, kv_flat, idx):
     return torch.matmul(p.half(), g[..., :512])
 
 
-def attn_sets(torch, kind, t, h, pool, n_pool_rows, l2_bytes):
+def load_vllm():
+    """vLLM's kernels if importable: dict name -> callable, reasons for the missing ones."""
+    ops = {}
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # no vLLM on this host: every vLLM column is missing
+        for col in ("flashmla", "triton_mla", "persistent_topk", "topk_decode", "topk_prefill"):
+            MISSING[col] = f"vllm not importable ({type(exc).__name__}: {exc})"[:160]
+        return ops
+    try:
+        from vllm.v1.attention.ops.flashmla import (
+            flash_mla_sparse_fwd,
+            is_flashmla_sparse_supported,
+        )
+
+        ok, why = is_flashmla_sparse_supported()
+        if ok:
+            ops["flashmla"] = flash_mla_sparse_fwd
+        else:
+            MISSING["flashmla"] = f"FlashMLA sparse unsupported here: {why}"
+    except Exception as exc:
+        MISSING["flashmla"] = repr(exc)[:160]
+    try:
+        from vllm.v1.attention.ops.triton_decode_attention import decode_attention_fwd
+
+        ops["triton_mla"] = decode_attention_fwd
+    except Exception as exc:
+        MISSING["triton_mla"] = repr(exc)[:160]
+    try:
+        import torch
+        from vllm import _custom_ops  # noqa: F401  (loads torch.ops._C)
+
+        for name, op in (("persistent_topk", "persistent_topk"),
+                         ("topk_decode", "top_k_per_row_decode"),
+                         ("topk_prefill", "top_k_per_row_prefill")):  # fmt: skip
+            if hasattr(torch.ops._C, op):
+                ops[name] = getattr(torch.ops._C, op)
+            else:
+                MISSING[name] = f"torch.ops._C.{op} missing"
+    except Exception as exc:
+        for col in ("persistent_topk", "topk_decode", "topk_prefill"):
+            MISSING[col] = repr(exc)[:160]
+    return ops
+
+
+def attn_sets(torch, kind, t, h, n_pool_rows, l2_bytes, mtp=1):
     touched = t * TOPK * ROW_BYTES if kind == "decode" else min(t * TOPK, 65536) * ROW_BYTES
     n_sets = max(2, min(128, -(-4 * l2_bytes // touched)))
     sets = []
     for i in range(n_sets):
         q = torch.randn(t, h, 576, device="cuda", dtype=torch.float16)
         if kind == "decode":
-            base = torch.randint(0, n_pool_rows - 8192, (t, 1), device="cuda")
-            off = torch.argsort(torch.rand(t, 8192, device="cuda"), dim=1)[:, :TOPK]
-            idx = (base + off).to(torch.int32)
+            r = t // mtp
+            base = torch.randint(0, n_pool_rows - 8192, (r, 1), device="cuda")
+            off = torch.argsort(torch.rand(r, 8192, device="cuda"), dim=1)[:, :TOPK]
+            idx = (base + off).to(torch.int32).repeat_interleave(mtp, dim=0)
         else:
             base = (i * 65536) % (n_pool_rows - 65536)
             idx = torch.argsort(torch.rand(t, 65536, device="cuda"), dim=1)[:, :TOPK]
             idx = (idx + base).to(torch.int32)
-        sets.append((q, idx, torch.empty(t, h, 512, device="cuda", dtype=torch.float16)))
+        sets.append((q, idx.contiguous(), torch.empty(t, h, 512, device="cuda", dtype=q.dtype)))
     return sets
 
 
-def bench_attention(torch, args, copy_tbs, mm_tflops, rows_out):
+def _row(impl, h, kind, t, us, kv_bytes, flop, floor_us, copy_tbs, plan="", **extra):
+    return dict(
+        impl=impl, heads=h, kind=kind, tokens=t, us=us, kv_tbs=kv_bytes / us / 1e6,
+        pct_copy=100 * kv_bytes / us / 1e6 / copy_tbs, tflops=flop / us / 1e6,
+        floor_us=floor_us, plan=plan, **extra,
+    )  # fmt: skip
+
+
+def _emit(rows_out, row):
+    rows_out.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def attn_shapes(quick):
+    shapes = [("decode", b, 1) for b in (1, 8, 32, 128)]
+    shapes += [("decode", 2 * b, 2) for b in (1, 32, 128)]  # 2 tokens per request (MTP)
+    shapes += [("prefill", t, 1) for t in (1024, 4096, 8192)]
+    if quick:
+        shapes = [("decode", 1, 1), ("decode", 32, 1), ("decode", 128, 1), ("prefill", 4096, 1)]
+    return shapes
+
+
+def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
     from vllm_sparse_mla.kernels import make_workspace, sparse_mla_attention
+    from vllm_sparse_mla.kernels._capability import device_info
     from vllm_sparse_mla.kernels.sparse_mla import _launch, plan
 
+    info = device_info(torch.device("cuda", 0))
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     pool_rows = 2_097_152
     pool = torch.randn(pool_rows // 64, 64, 576, device="cuda", dtype=torch.float16)
     flat = pool.view(-1, 576)
-    heads = (8, 16, 64)
-    shapes = [("decode", b) for b in (1, 8, 32, 128)] + [("prefill", t) for t in (1024, 4096)]
-    if args.quick:
-        shapes = [("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)]
-    for h in heads:
-        ws = make_workspace(4096, h, TOPK, "cuda", torch.float16)
-        for kind, t in shapes:
-            sets = attn_sets(torch, kind, t, h, pool, pool_rows, l2)
+    pool_bf = pool.to(torch.bfloat16).view(-1, 1, 576) if "flashmla" in vllm_ops else None
+    for h in args.heads:
+        ws = make_workspace(8192, h, TOPK, "cuda", torch.float16)
+        for kind, t, mtp in attn_shapes(args.quick):
+            if time.monotonic() > args.deadline:
+                print("attention: time budget spent, skipping the rest", flush=True)
+                return
+            sets = attn_sets(torch, kind, t, h, pool_rows, l2, mtp)
             kv_bytes = t * TOPK * ROW_BYTES
             flop = 2 * h * TOPK * (576 + 512) * t
             floor_us = max(kv_bytes / (copy_tbs * 1e12), flop / (mm_tflops * 1e12)) * 1e6
+            label = kind if mtp == 1 else f"decode-mtp{mtp}"
+            common = dict(h=h, kind=label, t=t, kv_bytes=kv_bytes, flop=flop, floor_us=floor_us,
+                          copy_tbs=copy_tbs)  # fmt: skip
+            p = plan(t, h, TOPK, info)
             calls = [
                 partial(sparse_mla_attention, q, pool, i, SCALE, out=o, workspace=ws)
                 for q, i, o in sets
             ]
             us = graph_time_us(torch, calls)
-            use_split, cfg, hb, splits = plan(
-                t, h, TOPK, torch.cuda.get_device_properties(0).multi_processor_count
-            )
-            row = {
-                "impl": "ours", "heads": h, "kind": kind, "tokens": t, "us": us,
-                "kv_tbs": kv_bytes / us / 1e6, "pct_copy": 100 * kv_bytes / us / 1e6 / copy_tbs,
-                "tflops": flop / us / 1e6, "floor_us": floor_us,
-                "vllm_us": VLLM_ANCHOR_US.get((h, kind, t)),
-                "plan": f"{'split' if use_split else 'prefill'} S={splits} BH={cfg.block_h} "
-                f"BN={cfg.block_n} w={cfg.num_warps} st={cfg.num_stages}",
-            }  # fmt: skip
-            rows_out.append(row)
-            print(json.dumps(row), flush=True)
+            desc = (f"S={p.splits} BH={p.cfg.block_h} BN={p.cfg.block_n} w={p.cfg.num_warps} "
+                    f"ns={p.cfg.num_stages}")  # fmt: skip
+            _emit(rows_out, _row("ours", us=us, plan=desc, **common))
             if args.sweep:
-                for var in sweep_variants(kind, h, t):
-                    if time.monotonic() > args.deadline:
-                        print("sweep: time budget spent, skipping the rest", flush=True)
+                for p2 in sweep_plans(p, kind, h, t):
+                    if time.monotonic() > args.sweep_deadline:
                         break
-                    cfg2, splits2 = var
-                    hb2 = -(-h // cfg2.block_h)
-                    if splits2 > 1 and t * splits2 > ws.rows:
+                    if p2.splits > 1 and t * p2.splits > ws.rows:
                         continue
-                    vcalls = [
-                        partial(_launch, q, pool, i, SCALE, o, ws, cfg2, hb2, splits2)
-                        for q, i, o in sets
-                    ]
+                    vcalls = [partial(_launch, q, pool, i, SCALE, o, ws, p2) for q, i, o in sets]
                     try:
                         vus = graph_time_us(torch, vcalls)
                     except Exception as exc:  # report and keep sweeping
-                        print(f"variant {cfg2} S={splits2} failed: {exc!r}", flush=True)
+                        print(f"variant {p2} failed: {exc!r}"[:300], flush=True)
                         continue
-                    vrow = dict(row, impl="variant", us=vus, plan=f"S={splits2} {cfg2}",
-                                pct_copy=100 * kv_bytes / vus / 1e6 / copy_tbs,
-                                tflops=flop / vus / 1e6)  # fmt: skip
-                    rows_out.append(vrow)
-                    print(json.dumps(vrow), flush=True)
-            if not args.no_naive and not (kind == "prefill" and t > 1024):
+                    c2 = p2.cfg
+                    d2 = (f"S={p2.splits} BH={c2.block_h} BN={c2.block_n} w={c2.num_warps} "
+                          f"ns={c2.num_stages}")  # fmt: skip
+                    _emit(rows_out, _row("variant", us=vus, plan=d2, **common))
+            if not args.no_naive and (kind == "decode" or t <= 1024):
                 ncalls = [
                     (lambda q=q, i=i: naive_attention(torch, q, flat, i)) for q, i, _ in sets[:4]
                 ]
                 nus = graph_time_us(torch, ncalls, target_ms=10)
-                nrow = dict(row, impl="naive torch", us=nus, plan="gather+matmul",
-                            pct_copy=100 * kv_bytes / nus / 1e6 / copy_tbs,
-                            tflops=flop / nus / 1e6, kv_tbs=kv_bytes / nus / 1e6)  # fmt: skip
-                rows_out.append(nrow)
-                print(json.dumps(nrow), flush=True)
+                _emit(rows_out, _row("naive torch", us=nus, plan="gather+matmul", **common))
+            if "flashmla" in vllm_ops:
+                fn = vllm_ops["flashmla"]
+                fsets = [(q.to(torch.bfloat16), i.view(t, 1, TOPK)) for q, i, _ in sets]
+
+                def flashmla(q, i, fn=fn, h=h, t=t, kvb=pool_bf):
+                    qp = q.new_empty((t, 64, 576))  # vLLM's _bf16_flash_mla_kernel padding
+                    qp[:, :h] = q
+                    return fn(qp, kvb, i, SCALE)[0][:, :h]
+
+                try:
+                    fus = graph_time_us(torch, [partial(flashmla, q, i) for q, i in fsets])
+                    _emit(rows_out, _row("vLLM FlashMLA sparse (bf16, pad 64)", us=fus,
+                                         plan="flash_mla_sparse_fwd", **common))  # fmt: skip
+                except Exception as exc:
+                    MISSING[f"flashmla H={h} {label} {t}"] = repr(exc)[:160]
+                del fsets
+            if "triton_mla" in vllm_ops and kind == "decode":
+                try:
+                    tus = bench_triton_mla(torch, vllm_ops["triton_mla"], pool, t, h, info.num_sms)
+                    name = "vLLM TRITON_MLA (dense ctx 2048)"
+                    desc = "decode_attention_fwd, vLLM splits"
+                    _emit(rows_out, _row(name, us=tus, plan=desc, **common))
+                except Exception as exc:
+                    MISSING[f"triton_mla H={h} {t}"] = repr(exc)[:160]
             del sets
         del ws
-    del pool
+    del pool, pool_bf
 
 
-def sweep_variants(kind, h, t):
-    """Variants of the default plan for h in {8, 64} (decode 1/32/128, prefill 4096): plain vs
-    prefetched row gather, monolithic vs 4-chunk latent dots; all fit SM120's shared memory."""
-    import dataclasses
+def bench_triton_mla(torch, fn, pool, b, h, num_sms):
+    """vLLM's TRITON_MLA decode, dense context 2048 (32 pages of 64), vLLM's split rule."""
+    nb = pool.shape[0]
+    kv4 = pool.view(nb, 64, 1, 576)
+    splits = min(max(1, triton_next_pow2(2048 // 512)), 2 * num_sms)
+    n_sets = max(2, min(128, -(-4 * 60 * 2**20 // (b * 2048 * ROW_BYTES))))
+    calls = []
+    for _ in range(n_sets):
+        q = torch.randn(b, h, 576, device="cuda", dtype=torch.float16)
+        o = torch.empty(b, h, 512, device="cuda", dtype=torch.float16)
+        lse = torch.empty(b, h, device="cuda", dtype=torch.float32)
+        bt = torch.randint(0, nb, (b, 32), device="cuda", dtype=torch.int32)
+        sl = torch.full((b,), 2048, device="cuda", dtype=torch.int32)
+        logits = torch.empty(b, h, splits, 513, device="cuda", dtype=torch.float32)
+        calls.append(partial(fn, q, kv4, kv4[..., :512], o, lse, bt, sl, logits, splits, SCALE,
+                             64, 0.0, None, None, True))  # fmt: skip
+    return graph_time_us(torch, calls)
 
-    from vllm_sparse_mla.kernels._configs import attn_config
-    from vllm_sparse_mla.kernels.sparse_mla import plan
 
-    if h not in (8, 64) or (kind, t) not in (
-        ("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)
-    ):  # fmt: skip
+def triton_next_pow2(x: int) -> int:
+    return 1 << max(0, (x - 1).bit_length())
+
+
+def sweep_plans(p, kind, h, t):
+    """Alternatives to the default plan for a few shapes: other tiles, warps, depths, splits."""
+    from vllm_sparse_mla.kernels._configs import AttnConfig
+    from vllm_sparse_mla.kernels.sparse_mla import Plan
+
+    key = (kind, t)
+    if key not in (("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)):
         return []
-    import torch
-
-    _, cfg, _, splits = plan(t, h, TOPK, torch.cuda.get_device_properties(0).multi_processor_count)
-    cfg = attn_config(h, prefill=splits == 1)
-    out = []
-    for prefetch, chunked in ((False, False), (True, True), (False, True), (True, False)):
-        c = dataclasses.replace(cfg, prefetch=prefetch, chunked=chunked)
-        if c != cfg:
-            out.append((c, splits))
+    if h <= 16:
+        cfgs = [AttnConfig(16, 32, 8, 3), AttnConfig(16, 16, 4, 3), AttnConfig(16, 64, 8, 3),
+                AttnConfig(16, 32, 4, 4), AttnConfig(16, 16, 4, 4)]  # fmt: skip
+    else:
+        cfgs = [AttnConfig(32, 16, 8, 4), AttnConfig(32, 32, 8, 3), AttnConfig(64, 16, 8, 4),
+                AttnConfig(64, 32, 8, 3)]  # fmt: skip
+    out = [Plan(c, -(-h // c.block_h), p.splits) for c in cfgs if c != p.cfg]
+    for s in (p.splits // 2, p.splits * 2):
+        if 1 <= s <= 64 and s != p.splits:
+            out.append(Plan(p.cfg, p.head_blocks, s))
     return out
 
 
-def bench_indexer(torch, copy_tbs, rows_out):
+def make_paged_cache(torch, b, ctx_len, h=32, d=128, bs=64):
+    nb_per = ctx_len // bs
+    nb = b * nb_per
+    cache = torch.randint(0, 120, (nb, bs, 1, d + 4), dtype=torch.uint8, device="cuda")
+    cache.view(nb, bs * (d + 4))[:, bs * d :].view(torch.float32).fill_(1.0)
+    q = torch.randn(b, 1, h, d, device="cuda").to(torch.float8_e4m3fn)
+    w = torch.randn(b, h, device="cuda")
+    bt = torch.randperm(nb, device="cuda").to(torch.int32).view(b, nb_per)
+    ctx = torch.full((b,), ctx_len, device="cuda", dtype=torch.int32)
+    out = torch.empty(b, ctx_len, device="cuda")
+    return q, cache, w, ctx, bt, out
+
+
+def topk_agree(torch, got, logits, ends):
+    """Do two top-k outputs select the same values (first 4 rows)? True/False."""
+    for r in range(min(4, got.shape[0])):
+        row = logits[r, : int(ends[r])]
+        sel = got[r][got[r] >= 0].long()
+        want = torch.topk(row, min(TOPK, row.numel())).values.sort().values
+        if sel.numel() != want.numel() or not torch.equal(row[sel].sort().values, want):
+            return False
+    return True
+
+
+def bench_indexer(torch, args, copy_tbs, vllm_ops, rows_out):
     from vllm_sparse_mla.kernels import mqa_logits, paged_mqa_logits, topk_indices
 
-    h, d, bs = 32, 128, 64
-    for b, ctx_len in ((64, 32768), (8, 32768)):
-        nb_per = ctx_len // bs
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-        per_set = b * ctx_len * (d + 4)
-        n_sets = max(2, min(32, -(-4 * l2 // per_set)))
-        sets = []
-        for _ in range(n_sets):
-            nb = b * nb_per
-            cache = torch.randint(0, 120, (nb, bs, 1, d + 4), dtype=torch.uint8, device="cuda")
-            cache.view(nb, bs * (d + 4))[:, bs * d :].view(torch.float32).fill_(1.0)
-            q = torch.randn(b, 1, h, d, device="cuda").to(torch.float8_e4m3fn)
-            w = torch.randn(b, h, device="cuda")
-            bt = torch.arange(nb, device="cuda", dtype=torch.int32).view(b, nb_per)
-            ctx = torch.full((b,), ctx_len, device="cuda", dtype=torch.int32)
-            out = torch.empty(b, ctx_len, device="cuda")
-            sets.append((q, cache, w, ctx, bt, out))
-        calls = [
-            partial(paged_mqa_logits, (s[0], None), *s[1:5], None, ctx_len, False, out=s[5])
-            for s in sets
-        ]
-        us = graph_time_us(torch, calls)
-        byts = per_set + b * ctx_len * 4
-        row = {"impl": "ours", "kind": f"paged_logits B={b} ctx={ctx_len}", "us": us,
-               "pct_copy": 100 * byts / us / 1e6 / copy_tbs}  # fmt: skip
-        rows_out.append(row)
-        print(json.dumps(row), flush=True)
-        kcalls = [(lambda s=s: topk_indices(s[5], TOPK, None, s[3])) for s in sets]
-        us = graph_time_us(torch, kcalls)
-        row = {"impl": "topk (torch.topk)", "kind": f"topk B={b} N={ctx_len}", "us": us}
-        rows_out.append(row)
-        print(json.dumps(row), flush=True)
-        del sets
+    h, d = 32, 128
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    ctxs = (4096, 32768, 131072) if not args.quick else (32768,)
+    for ctx_len in ctxs:
+        for b in (1, 8, 64):
+            if time.monotonic() > args.deadline:
+                print("indexer: time budget spent, skipping the rest", flush=True)
+                return
+            per_set = b * ctx_len * (d + 4)
+            n_sets = max(2, min(32, -(-4 * l2 // per_set)))
+            sets = [make_paged_cache(torch, b, ctx_len) for _ in range(n_sets)]
+            calls = [partial(paged_mqa_logits, (s[0], None), *s[1:5], None, ctx_len, False,
+                             out=s[5]) for s in sets]  # fmt: skip
+            us = graph_time_us(torch, calls)
+            byts = per_set + b * ctx_len * 4
+            base = {"kind": f"B={b} ctx={ctx_len}", "batch": b, "ctx": ctx_len}
+            _emit(rows_out, dict(base, impl="ours paged_mqa_logits", op="logits", us=us,
+                                 pct_copy=100 * byts / us / 1e6 / copy_tbs))  # fmt: skip
+            for s in sets:  # realistic logits for the top-k
+                paged_mqa_logits((s[0], None), *s[1:5], None, ctx_len, True, out=s[5])
+            kcalls = [(lambda s=s: topk_indices(s[5], TOPK, None, s[3])) for s in sets]
+            _emit(rows_out, dict(base, impl="ours topk (torch.topk)", op="topk",
+                                 us=graph_time_us(torch, kcalls)))  # fmt: skip
+            outs = [torch.empty(b, TOPK, dtype=torch.int32, device="cuda") for _ in sets]
+            if "persistent_topk" in vllm_ops:
+                op = vllm_ops["persistent_topk"]
+                wss = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in sets]
+                try:
+                    pcalls = [partial(op, s[5], s[3], o, wk, TOPK, ctx_len)
+                              for s, o, wk in zip(sets, outs, wss, strict=True)]  # fmt: skip
+                    pus = graph_time_us(torch, pcalls)
+                    ok = topk_agree(torch, outs[0], sets[0][5], sets[0][3])
+                    _emit(rows_out, dict(base, impl="vLLM persistent_topk", op="topk", us=pus,
+                                         agrees=ok))  # fmt: skip
+                except Exception as exc:
+                    MISSING[f"persistent_topk B={b} ctx={ctx_len}"] = repr(exc)[:160]
+            if "topk_decode" in vllm_ops:
+                op = vllm_ops["topk_decode"]
+                try:
+                    dcalls = [partial(op, s[5], 1, s[3], o, b, s[5].stride(0), s[5].stride(1),
+                                      TOPK) for s, o in zip(sets, outs, strict=True)]  # fmt: skip
+                    dus = graph_time_us(torch, dcalls)
+                    ok = topk_agree(torch, outs[0], sets[0][5], sets[0][3])
+                    _emit(rows_out, dict(base, impl="vLLM top_k_per_row_decode", op="topk",
+                                         us=dus, agrees=ok))  # fmt: skip
+                except Exception as exc:
+                    MISSING[f"topk_decode B={b} ctx={ctx_len}"] = repr(exc)[:160]
+            if "topk_prefill" in vllm_ops:
+                op = vllm_ops["topk_prefill"]
+                ks = torch.zeros(b, dtype=torch.int32, device="cuda")
+                try:
+                    fcalls = [partial(op, s[5], ks, s[3], o, b, s[5].stride(0), s[5].stride(1),
+                                      TOPK) for s, o in zip(sets, outs, strict=True)]  # fmt: skip
+                    fus = graph_time_us(torch, fcalls)
+                    ok = topk_agree(torch, outs[0], sets[0][5], sets[0][3])
+                    _emit(rows_out, dict(base, impl="vLLM top_k_per_row_prefill", op="topk",
+                                         us=fus, agrees=ok))  # fmt: skip
+                except Exception as exc:
+                    MISSING[f"topk_prefill B={b} ctx={ctx_len}"] = repr(exc)[:160]
+            del sets, outs
     m, n = 1024, 32768
     q = torch.randn(m, h, d, device="cuda").to(torch.float8_e4m3fn)
     k = torch.randn(n, d, device="cuda").to(torch.float8_e4m3fn)
@@ -279,34 +423,92 @@ def bench_indexer(torch, copy_tbs, rows_out):
     out = torch.empty(m, n, device="cuda")
     us = graph_time_us(torch, [lambda: mqa_logits((q, None), (k, sc), w, ks, ke, False, out=out)])
     flop = 2 * m * n * h * d
-    row = {"impl": "ours", "kind": f"mqa_logits M={m} N={n}", "us": us, "tflops": flop / us / 1e6,
-           "pct_copy": 100 * (m * n * 4 + n * (d + 4)) / us / 1e6 / copy_tbs}  # fmt: skip
-    rows_out.append(row)
-    print(json.dumps(row), flush=True)
+    _emit(rows_out, {"impl": "ours mqa_logits", "op": "logits", "kind": f"M={m} N={n}", "us": us,
+                     "tflops": flop / us / 1e6})  # fmt: skip
+
+
+def bench_layer(torch, args, vllm_ops, rows_out):
+    """One decode layer end to end at H8: indexer logits + top-k + attention (ours throughout;
+    and with vLLM's persistent_topk in place of ours where it imports)."""
+    from vllm_sparse_mla.kernels import (
+        make_workspace,
+        paged_mqa_logits,
+        sparse_mla_attention,
+        topk_indices,
+    )
+
+    h = 8
+    for ctx_len in (4096, 32768):
+        for b in (1, 32):
+            n_sets = 4
+            # the attention reads rows from a cache of ctx_len tokens per request
+            kv = torch.randn(b * ctx_len // 64, 64, 576, device="cuda", dtype=torch.float16)
+            ws = make_workspace(64, h, TOPK, "cuda", torch.float16)
+            sets = []
+            for _ in range(n_sets):
+                iq, cache, w, ctx, bt, logits = make_paged_cache(torch, b, ctx_len)
+                q = torch.randn(b, h, 576, device="cuda", dtype=torch.float16)
+                sets.append((iq, cache, w, ctx, bt, logits, q,
+                             torch.empty(b, TOPK, dtype=torch.int32, device="cuda"),
+                             torch.empty(b, h, 512, device="cuda", dtype=torch.float16),
+                             torch.empty(1 << 20, dtype=torch.uint8, device="cuda")))  # fmt: skip
+            base = (torch.arange(b, device="cuda", dtype=torch.int32) * ctx_len)[:, None]
+
+            def layer(s, vllm_topk=None, kv=kv, ws=ws, base=base, ctx_len=ctx_len):
+                iq, cache, w, ctx, bt, logits, q, top, o, wk = s
+                paged_mqa_logits((iq, None), cache, w, ctx, bt, None, ctx_len, False, out=logits)
+                if vllm_topk is None:
+                    topk_indices(logits, TOPK, None, ctx, out=top)
+                else:
+                    vllm_topk(logits, ctx, top, wk, TOPK, ctx_len)
+                # request-local positions -> global slots (vLLM does this in its own kernel)
+                gidx = torch.where(top >= 0, top + base, -1)
+                sparse_mla_attention(q, kv, gidx, SCALE, out=o, workspace=ws)
+
+            us = graph_time_us(torch, [partial(layer, s) for s in sets])
+            kind = f"H8 B={b} ctx={ctx_len}"
+            _emit(rows_out, {"impl": "ours layer (logits+topk+attn)", "op": "layer", "kind": kind,
+                             "us": us})  # fmt: skip
+            if "persistent_topk" in vllm_ops:
+                try:
+                    vus = graph_time_us(
+                        torch, [partial(layer, s, vllm_ops["persistent_topk"]) for s in sets]
+                    )
+                    _emit(rows_out, {"impl": "layer, vLLM persistent_topk", "op": "layer",
+                                     "kind": kind, "us": vus})  # fmt: skip
+                except Exception as exc:
+                    MISSING[f"layer vLLM topk {kind}"] = repr(exc)[:160]
+            del sets, kv, ws
 
 
 def print_table(rows, copy_tbs, mm):
     print(f"\nceilings: copy {copy_tbs:.3f} TB/s (read+write), fp16 matmul {mm:.1f} TFLOP/s")
     print(
-        "| H | shape | impl | us/call | % copy BW | TFLOP/s | floor us | vLLM 0.23.0 us* | plan |"
+        "| H | shape | impl | us/call | % copy BW | TFLOP/s | floor us | SM120 on paper us | plan |"
     )
     print("|---|---|---|---:|---:|---:|---:|---:|---|")
     for r in rows:
         if "heads" not in r:
             continue
-        v = r.get("vllm_us")
+        paper = r["us"] * copy_tbs / SM120_COPY_TBS if r["impl"] == "ours" else None
         print(
             f"| {r['heads']} | {r['kind']} {r['tokens']} | {r['impl']} | {r['us']:.1f} | "
             f"{r['pct_copy']:.0f}% | {r['tflops']:.1f} | {r['floor_us']:.1f} | "
-            f"{'' if v is None else v} | {r['plan']} |"
+            f"{'' if paper is None else f'{paper:.1f}'} | {r['plan']} |"
         )
+    print("\n| indexer / layer | shape | impl | us/call | extra |")
+    print("|---|---|---|---:|---|")
     for r in rows:
         if "heads" in r:
             continue
-        extra = f" {r['pct_copy']:.0f}% copy BW" if "pct_copy" in r else ""
+        extra = f"{r['pct_copy']:.0f}% copy BW" if "pct_copy" in r else ""
         extra += f" {r['tflops']:.0f} TFLOP/s" if "tflops" in r else ""
-        print(f"| indexer | {r['kind']} | {r['impl']} | {r['us']:.1f} |{extra} |")
-    print("* vLLM column: anchors-h200.md (bf16 FlashMLA sparse path, heads padded), not rerun.")
+        extra += f" agrees={r['agrees']}" if "agrees" in r else ""
+        print(f"| {r['op']} | {r['kind']} | {r['impl']} | {r['us']:.1f} | {extra} |")
+    if MISSING:
+        print("\ncolumns not filled:")
+        for k, v in MISSING.items():
+            print(f"- {k}: {v}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -319,16 +521,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sweep", action="store_true", help="also time config variants")
     p.add_argument("--no-naive", action="store_true", help="skip the naive torch reference")
     p.add_argument("--no-indexer", action="store_true", help="skip indexer benchmarks")
+    p.add_argument("--no-layer", action="store_true", help="skip the decode-layer benchmark")
+    p.add_argument("--no-vllm", action="store_true", help="do not import vLLM's kernels")
+    p.add_argument("--heads", type=int, nargs="+", default=[8, 16, 64], help="%(default)s")
     p.add_argument("--json", type=Path, help="write all rows as JSON here")
     p.add_argument("--require-gpu", action="store_true", help="exit 1 instead of skipping")
     p.add_argument(
+        "--budget-s",
+        type=float,
+        default=420.0,
+        help="skip remaining shapes after this many seconds (default: %(default)s)",
+    )
+    p.add_argument(
         "--sweep-budget-s",
         type=float,
-        default=150.0,
+        default=120.0,
         help="stop sweeping variants after this many seconds (default: %(default)s)",
     )
     args = p.parse_args(argv)
-    args.deadline = time.monotonic() + args.sweep_budget_s
+    args.deadline = time.monotonic() + args.budget_s
+    args.sweep_deadline = time.monotonic() + args.sweep_budget_s
     try:
         import torch
     except ImportError:
@@ -340,20 +552,38 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1 if args.require_gpu else 0
     props = torch.cuda.get_device_properties(0)
+    import triton
+
     print(
         f"device: {props.name}, {props.multi_processor_count} SMs, "
-        f"L2 {props.L2_cache_size >> 20} MiB, torch {torch.__version__}"
+        f"L2 {props.L2_cache_size >> 20} MiB, torch {torch.__version__}, "
+        f"triton {triton.__version__}"
     )
+    if args.no_vllm:
+        vllm_ops = {}
+        MISSING["vllm"] = "--no-vllm"
+    else:
+        vllm_ops = load_vllm()
+    print(f"vLLM kernels: {sorted(vllm_ops) or 'none'}", flush=True)
     copy_tbs, mm = ceilings(torch)
     print(f"ceilings (start): copy {copy_tbs:.3f} TB/s, fp16 matmul {mm:.1f} TFLOP/s", flush=True)
     rows: list[dict] = []
-    bench_attention(torch, args, copy_tbs, mm, rows)
+    t0 = time.monotonic()
+    bench_attention(torch, args, copy_tbs, mm, vllm_ops, rows)
+    t1 = time.monotonic()
     if not args.no_indexer:
-        bench_indexer(torch, copy_tbs, rows)
+        bench_indexer(torch, args, copy_tbs, vllm_ops, rows)
+    t2 = time.monotonic()
+    if not args.no_layer:
+        bench_layer(torch, args, vllm_ops, rows)
     copy2, mm2 = ceilings(torch)
     print(f"ceilings (end): copy {copy2:.3f} TB/s, fp16 matmul {mm2:.1f} TFLOP/s")
+    print(f"wall: attention {t1 - t0:.0f} s, indexer {t2 - t1:.0f} s, layer "
+          f"{time.monotonic() - t2:.0f} s")  # fmt: skip
     if args.json:
-        res = {"copy_tbs": [copy_tbs, copy2], "mm_tflops": [mm, mm2], "device": props.name}
+        res = {"copy_tbs": [copy_tbs, copy2], "mm_tflops": [mm, mm2], "device": props.name,
+               "torch": torch.__version__, "triton": triton.__version__,
+               "missing": MISSING}  # fmt: skip
         args.json.write_text(json.dumps(dict(res, rows=rows), indent=1))
     print_table(rows, copy_tbs, mm)
     return 0

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+# The subprocess gets pytest's pythonpath (pyproject.toml) through the environment.
+SUBPROCESS_PATH = os.pathsep.join(str(ROOT / p) for p in ("tests", "backend/src"))
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +31,8 @@ def interpreter_results(tmp_path_factory: pytest.TempPathFactory, kernel_device:
     import torch
 
     out = tmp_path_factory.mktemp("interp") / "results.pt"
-    env = dict(os.environ, TRITON_INTERPRET="1")
+    path = os.pathsep.join(p for p in (SUBPROCESS_PATH, os.environ.get("PYTHONPATH")) if p)
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     proc = subprocess.run(
         [sys.executable, str(HERE / "kernel_cases.py"), str(out)],
         env=env,
@@ -49,7 +53,6 @@ def case_result(request, kernel_device, interpreter_results):
         if "error" in res:
             pytest.fail(f"{name} raised under the interpreter: {res['error']}")
         return res
-    sys.path.insert(0, str(HERE))
     import kernel_cases
 
     return kernel_cases.run_case(name, kernel_device)

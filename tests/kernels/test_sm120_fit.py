@@ -1,5 +1,7 @@
 """Every launched kernel configuration compiles for sm_120 (cross-compiled, no GPU needed) within
-SM120's 101376 bytes of shared memory per block and without register spills. Prints the table."""
+SM120's 101376 bytes of shared memory per block, without register spills, and with the attention
+row gather pipelined (a 2+ deep shared ring, no full async_wait inside the main loop), read from
+the TTGIR. Prints the table."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import pytest
 
 pytest.importorskip("triton")
 
-from sm120_fit import SM120_SHARED_LIMIT, fit_table  # noqa: E402
+from support.sm120_fit import SM120_SHARED_LIMIT, fit_table, format_table, pipelining  # noqa: E402
 
 pytestmark = pytest.mark.runtime
 
@@ -15,12 +17,32 @@ pytestmark = pytest.mark.runtime
 def test_every_launched_config_fits_sm120(capsys):
     rows = fit_table()
     with capsys.disabled():
-        print(f"\n{'kernel config (sm_120)':58} {'shared B':>9} {'regs':>5} {'spill B':>7}")
-        for r in rows:
-            print(f"{r.name:58} {r.shared:9d} {r.registers:5d} {r.local:7d}")
+        print("\n" + format_table(rows))
     too_big = [r.name for r in rows if r.shared > SM120_SHARED_LIMIT]
     spills = [r.name for r in rows if r.local != 0]
     assert not too_big, f"shared memory over {SM120_SHARED_LIMIT} B: {too_big}"
     assert not spills, f"register spills: {spills}"
-    assert any(r.name.startswith("attn split") for r in rows)
-    assert any(r.name.startswith("attn prefill") for r in rows)
+    attn = [r for r in rows if r.name.startswith("attn")]
+    assert any(r.name.startswith("attn split") for r in attn)
+    assert any(r.name.startswith("attn 1pass") for r in attn)
+    shallow = [r.name for r in attn if (r.ring_depth or 0) < 2]
+    waits = [r.name for r in attn if r.loop_full_wait is not False]
+    no_cp_async = [r.name for r in attn if not r.loop_async_copies]
+    assert not shallow, f"row tile not multi-buffered: {shallow}"
+    assert not waits, f"async_wait {{num = 0}} in the main loop: {waits}"
+    assert not no_cp_async, f"no cp.async gather in the main loop: {no_cp_async}"
+
+
+def test_pipelining_reader_flags_a_serialised_loop():
+    """The TTGIR reader must be able to fail: a single buffer waited for in full."""
+    ttgir = (
+        "%a = ttg.local_alloc : () -> !ttg.memdesc<1x32x512xf16, #shared, #smem, mutable>\n"
+        "%r:2 = scf.for %i = %c0 to %n step %c1 iter_args(%x = %y) -> (i32) {\n"
+        "  %w = ttg.async_wait %t {num = 0 : i32}\n"
+        "  %c = ttg.async_copy_global_to_local %p, %b : tensor<32x512x!tt.ptr<f16>>\n"
+        "  scf.yield %x : i32\n"
+        "}\n"
+        "%z = ttg.async_wait {num = 0 : i32}\n"
+    )
+    assert pipelining(ttgir, 32) == (1, True, 1)
+    assert pipelining(ttgir.replace("num = 0 : i32}\n  %c", "num = 2 : i32}\n  %c"), 32)[1] is False

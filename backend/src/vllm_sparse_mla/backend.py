@@ -28,13 +28,14 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
     triton_convert_req_index_to_global_index,
 )
 
+from vllm_sparse_mla.kernels._dims import D_LATENT, D_QK
 from vllm_sparse_mla.metadata import SparseTritonMLAMetadata, SparseTritonMLAMetadataBuilder
 
 if TYPE_CHECKING:
     from vllm_sparse_mla.kernels import SparseMLAWorkspace
 
-HEAD_SIZE = 576  # kv_lora_rank 512 + qk_rope_head_dim 64
-KV_LORA_RANK = 512
+HEAD_SIZE = D_QK  # kv_lora_rank 512 + qk_rope_head_dim 64, defined once in kernels._dims
+KV_LORA_RANK = D_LATENT
 BLOCK_SIZE = 64
 COMPUTE_CAPABILITY_MAJORS = (9, 10, 12)
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}

@@ -1,13 +1,19 @@
-"""Fixed launch-config tables (no autotuning on the serving path).
+"""Launch-config tables (no autotuning on the serving path), sized at run time.
 
-Keyed by strategy and head count, and checked against the device's measured shared memory. Every
-entry here is cross-compiled for sm_120 by ``tests/kernels/test_sm120_fit.py`` (shared memory <=
-101376 B, no spills); ``benchmarks/bench_kernels.py`` measures them on a GPU.
+The attention config is keyed by compute capability, head count and strategy ("decode": split
+over top-k + combine; "prefill": one pass). Each key lists candidates in order of preference
+(best measured first, benchmarks/RESULTS.md); ``attn_config`` takes the first whose shared-memory
+estimate fits the device's measured ``max_shared_mem`` (``_capability.device_info``), never a GPU
+name. Every config a plan can pick on sm_120 is cross-compiled by
+``tests/kernels/test_sm120_fit.py`` (shared memory <= 101376 B, no spills, the row gather
+pipelined 2+ deep).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from ._dims import D_QK
 
 
 @dataclass(frozen=True)
@@ -15,50 +21,61 @@ class AttnConfig:
     block_h: int  # heads per program (>= 16: tl.dot needs M >= 16; padded heads are masked)
     block_n: int  # top-k rows gathered per inner step
     num_warps: int
-    num_stages: int
-    prefetch: bool = True  # software-pipelined row gather (next rows in flight while computing)
-    chunked: bool = False  # latent dim as 4 independent 128-column dots (more MMA parallelism)
+    num_stages: int  # loop pipeline depth: the row ring holds num_stages - 1 tiles
+    max_ctas_per_sm: int = 2  # register-bound residency (from the compile reports)
+
+    def shared_bytes(self, elem_bytes: int = 2) -> int:
+        """Estimate of the shared memory triton allocates: the row ring, q, the index ring."""
+        ring = (self.num_stages - 1) * self.block_n * D_QK * elem_bytes
+        q = self.block_h * D_QK * elem_bytes
+        return ring + q + self.num_stages * self.block_n * 4 + 1024
+
+    def ctas_per_sm(self, max_shared_mem: int) -> int:
+        # per-block opt-in limit = per-SM shared memory - 1 KB on sm_80..sm_120
+        fit = (max_shared_mem + 1024) // (self.shared_bytes() + 1024)
+        return max(1, min(self.max_ctas_per_sm, fit))
 
 
-# Chosen from H200 sweeps (benchmarks/RESULTS.md, runs of 2026-12-03); every entry fits SM120
-# (tests/kernels/test_sm120_fit.py). The loop is latency-bound, so the winners are the variants
-# with more independent work in flight: prefetched row gathers and 4 independent latent dots.
+_H16 = AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
+_H32 = AttnConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
+_H32_SMALL = AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=4)
+_H64 = AttnConfig(block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_per_sm=1)
+_H16_SMALL = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=3)
 
-# Decode: few tokens, split over top-k, all heads of a token per program up to BLOCK_H. The
-# [BLOCK_H, 512] fp32 accumulator lives in registers, so heads beyond 32 are split into head
-# blocks (the second block re-reads the rows, mostly from L2).
-DECODE_CONFIGS: dict[int, AttnConfig] = {
-    8: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, prefetch=True, chunked=True),
-    16: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, prefetch=True, chunked=True),
-    32: AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=2, prefetch=True, chunked=True),
-    64: AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=2, prefetch=True, chunked=True),
-}
+# (capability major or None = any, head bucket) -> candidates, best first. Decode and prefill
+# share them today (one kernel; the plan differs in splits only).
+ATTN_CONFIGS: dict[tuple[int | None, int, str], tuple[AttnConfig, ...]] = {}
+for _strategy in ("decode", "prefill"):
+    ATTN_CONFIGS[(None, 16, _strategy)] = (_H16, _H16_SMALL)
+    ATTN_CONFIGS[(None, 32, _strategy)] = (_H32, _H32_SMALL)
+    # 64 heads: one 64-head tile reads each row once where it fits (H200: 228 KB per SM); on
+    # sm_120 (101376 B) two 32-head blocks, the second reading its rows mostly from L2.
+    ATTN_CONFIGS[(None, 64, _strategy)] = (_H64, _H32_SMALL)
 
-# Prefill: one program per (token, head block) over the whole top-k, tensor-core tiles. Here the
-# register cost of prefetching lowers occupancy more than it hides latency (measured), so the
-# gather is not prefetched.
-PREFILL_CONFIGS: dict[int, AttnConfig] = {
-    8: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, prefetch=False, chunked=True),
-    16: AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2, prefetch=False, chunked=True),
-    32: AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=2, prefetch=False, chunked=True),
-    64: AttnConfig(
-        block_h=64, block_n=16, num_warps=8, num_stages=2, prefetch=False, chunked=False
-    ),
-}
+# Fallback when nothing listed fits (a device with very little shared memory).
+MIN_ATTN_CONFIG = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2)
 
-# Programs per SM the decode split aims for (enough independent gathers in flight).
-DECODE_PROGRAMS_PER_SM = 4
+MIN_ROWS_PER_SPLIT = 32  # a split shorter than this costs more in partials than it saves
 
 
 def _bucket(num_heads: int) -> int:
-    for h in (8, 16, 32, 64):
+    for h in (16, 32):
         if num_heads <= h:
             return h
     return 64
 
 
-def attn_config(num_heads: int, prefill: bool) -> AttnConfig:
-    return (PREFILL_CONFIGS if prefill else DECODE_CONFIGS)[_bucket(num_heads)]
+def attn_config(
+    num_heads: int, strategy: str, capability: tuple[int, int], max_shared_mem: int
+) -> AttnConfig:
+    if strategy not in ("decode", "prefill"):
+        raise ValueError(f"strategy must be 'decode' or 'prefill', got {strategy!r}")
+    key = (capability[0], _bucket(num_heads), strategy)
+    cands = ATTN_CONFIGS.get(key) or ATTN_CONFIGS[(None, key[1], strategy)]
+    for cfg in cands:
+        if cfg.shared_bytes() <= max_shared_mem:
+            return cfg
+    return MIN_ATTN_CONFIG
 
 
 @dataclass(frozen=True)

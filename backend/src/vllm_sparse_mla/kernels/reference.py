@@ -10,16 +10,20 @@ what they must return. Contracts follow vLLM 0.23.0:
 - ``mqa_logits`` / ``paged_mqa_logits``: DeepGEMM ``fp8_fp4_mqa_logits`` /
   ``fp8_fp4_paged_mqa_logits`` (FP8 path) as ``fp8_mqa_logits_torch`` /
   ``fp8_paged_mqa_logits_torch`` in ``vllm/v1/attention/ops/rocm_aiter_mla_sparse.py``.
-- ``topk_indices``: ``_topk_indices_torch`` there (the CUDA ``top_k_per_row_*`` contract).
+- ``topk_indices``: the CUDA ``top_k_per_row_*`` contract, written independently of
+  ``indexer.topk_indices`` (a stable full sort, not torch.topk).
+
+On CPU the attention reference accumulates in float64, on GPUs in float32.
 """
 
 from __future__ import annotations
 
 import torch
 
-D_LATENT = 512
-D_ROPE = 64
-D_QK = D_LATENT + D_ROPE
+from ._dims import D_LATENT, D_QK, D_ROPE
+
+__all__ = ["D_LATENT", "D_QK", "D_ROPE", "mqa_logits", "paged_mqa_logits", "sparse_mla",
+           "topk_indices"]  # fmt: skip
 
 
 def sparse_mla(
@@ -31,17 +35,18 @@ def sparse_mla(
     indices [T, K] int global slot ids (-1 = empty). Returns (out [T, H, 512] in q's dtype,
     lse [T, H] float32, natural log, -inf for an empty row).
     """
-    kv = kv_cache.reshape(-1, kv_cache.shape[-1]).float()
+    acc = torch.float64 if q.device.type == "cpu" else torch.float32
+    kv = kv_cache.reshape(-1, kv_cache.shape[-1]).to(acc)
     num_slots = kv.shape[0]
     idx = indices.long()
     valid = (idx >= 0) & (idx < num_slots)
     rows = kv[torch.where(valid, idx, 0)]  # [T, K, 576]
-    s = torch.einsum("thd,tkd->thk", q.float(), rows) * scale
+    s = torch.einsum("thd,tkd->thk", q.to(acc), rows) * scale
     s = s.masked_fill(~valid[:, None, :], float("-inf"))
     lse = torch.logsumexp(s, dim=-1)  # [T, H]
     p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
     out = torch.einsum("thk,tkd->thd", p, rows[..., :D_LATENT])
-    return out.to(q.dtype), lse
+    return out.to(q.dtype), lse.float()
 
 
 def mqa_logits(
@@ -110,20 +115,17 @@ def topk_indices(
     row_ends: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Top-k columns per row of ``logits`` [M, N] inside [row_starts, row_ends) (whole row when
-    None), as int32 [M, topk], relative to row_starts, -1 for missing/-inf entries."""
+    None), as int32 [M, topk], relative to row_starts, in descending logit order (ties: lower
+    column first), -1 for missing/-inf entries. A stable full sort per row."""
     m, n = logits.shape
-    col = torch.arange(n, device=logits.device)[None, :]
-    masked = logits.float()
-    if row_starts is not None:
-        masked = masked.masked_fill(col < row_starts.long()[:, None], float("-inf"))
-    if row_ends is not None:
-        masked = masked.masked_fill(col >= row_ends.long()[:, None], float("-inf"))
-    k = min(topk, n)
-    vals, idx = torch.topk(masked, k, dim=-1)
-    idx = idx.to(torch.int32)
-    if row_starts is not None:
-        idx = idx - row_starts.to(torch.int32)[:, None]
-    idx = torch.where(vals == float("-inf"), -1, idx)
-    out = torch.full((m, topk), -1, dtype=torch.int32, device=logits.device)
-    out[:, :k] = idx
-    return out
+    lo = torch.zeros(m, dtype=torch.long) if row_starts is None else row_starts.long().cpu()
+    hi = torch.full((m,), n, dtype=torch.long) if row_ends is None else row_ends.long().cpu()
+    x = logits.detach().double().cpu()
+    out = torch.full((m, topk), -1, dtype=torch.int32)
+    for r in range(m):
+        s, e = int(lo[r]), max(int(lo[r]), min(int(hi[r]), n))
+        row = x[r, s:e]
+        order = torch.sort(row, descending=True, stable=True).indices
+        order = order[torch.isfinite(row[order]) | (row[order] > 0)][:topk]
+        out[r, : order.numel()] = order.to(torch.int32)
+    return out.to(logits.device)

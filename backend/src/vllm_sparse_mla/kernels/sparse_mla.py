@@ -18,58 +18,37 @@ Semantics match vLLM 0.23.0's FlashMLA sparse path: a repeated index is a separa
 it appears (no deduplication, as FlashMLA and its reference ``reference_mla_sparse_prefill``);
 a row without valid indices gives zeros (never NaN).
 
-Two strategies, picked from (T, H, K) and the device's SM count only, so a CUDA graph captured
-for one shape replays the same grid:
-    decode   grid (head blocks x splits x T): each program gathers K/splits rows once for all heads
-             of its head block, writes a partial (normalised out, log2-sum-exp) to the workspace;
-             ``_combine_kernel`` merges the splits. Used while T * head_blocks is too small to
-             fill the GPU.
-    prefill  grid (head blocks x T), one pass over all K rows, output written directly.
-Both use tl.dot for q.k^T ([BLOCK_H, 576] x [576, BLOCK_N]) and p.v ([BLOCK_H, BLOCK_N] x
-[BLOCK_N, 512]) with fp32 accumulation. The loop is latency-bound (few rows per step, register-
-limited occupancy), so two kernel forms trade registers for independent work in flight (chosen per
-shape in ``_configs.py`` from H200 measurements, benchmarks/RESULTS.md):
-    ``_sparse_mla_fwd_kernel``          one 512-column latent dot and accumulator
-    ``_sparse_mla_fwd_chunked_kernel``  four independent 128-column dots and accumulators
-each with an optional software-prefetched gather (rows of step i+1 and indices of step i+2 in
-flight while step i computes).
+One kernel, ``_sparse_mla_kernel``, serves both strategies; a program owns (token, split, head
+block) and walks its tiles of BLOCK_N indices:
+    decode   SPLITS > 1: split s takes tiles s, s + S, s + 2S, ... (interleaved, so a -1 tail
+             thins every split alike), writes a partial (normalised out, log2-sum-exp) to the
+             workspace; ``_combine_kernel`` merges all splits of a (token, head, column block) in
+             one load. Splits come from the SM count and the programs resident per SM.
+    prefill  SPLITS == 1, output written directly.
+The row gather is pipelined: the indices of the next tile are loaded in the current iteration
+and carried in the loop, so triton's pipeliner gives the rows a ring of num_stages - 1 shared
+buffers filled by cp.async while the current tile computes. Each program first reads its token's
+index row once and stops after the last valid index (the per-token valid count: vLLM's -1 tails
+cost nothing). Plans depend on shapes and the device only, so CUDA graphs replay fixed grids.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from ._capability import device_info
-from ._configs import DECODE_PROGRAMS_PER_SM, AttnConfig, attn_config
+from ._capability import DeviceInfo, device_info
+from ._configs import MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
+from ._dims import D_LATENT, D_QK, D_ROPE
 
-D_LATENT = 512
-D_ROPE = 64
-D_QK = D_LATENT + D_ROPE
 LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _gather_rows(
-    kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs,
-    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
-):  # fmt: skip
-    """Gather the KV rows of BLOCK_N slot ids: (valid [N], latent [N, D_LATENT], rope [N, D_ROPE]);
-    ids < 0 or >= num_slots are invalid and load zeros without touching memory."""
-    m_valid = (b_idx >= 0) & (b_idx < num_slots)
-    b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
-    p_row = kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
-    o_dl = tl.arange(0, D_LATENT)
-    o_dr = tl.arange(0, D_ROPE)
-    # [BLOCK_N, D_LATENT] doubles as K (latent part) and V; [BLOCK_N, D_ROPE]
-    b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
-    b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None], other=0.0)
-    return m_valid, b_kv, b_kr
-
-
-@triton.jit
-def _sparse_mla_fwd_kernel(
+def _sparse_mla_kernel(
     q_ptr,
     kv_ptr,
     idx_ptr,
@@ -88,6 +67,7 @@ def _sparse_mla_fwd_kernel(
     stride_oh,
     NUM_HEADS: tl.constexpr,
     TOPK: tl.constexpr,
+    TOPK_PAD: tl.constexpr,
     SPLITS: tl.constexpr,
     HEAD_BLOCKS: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -95,20 +75,28 @@ def _sparse_mla_fwd_kernel(
     D_LATENT: tl.constexpr,
     D_ROPE: tl.constexpr,
     DOT_F32: tl.constexpr,
-    PREFETCH: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16)
-    tl.static_assert(TOPK % SPLITS == 0)
     pid = tl.program_id(0)
     i_hb = pid % HEAD_BLOCKS
     i_s = (pid // HEAD_BLOCKS) % SPLITS
     i_t = pid // (HEAD_BLOCKS * SPLITS)
     i_t64 = i_t.to(tl.int64)
+    p_idx = idx_ptr + i_t64 * stride_it
+
+    # Valid count: one past the last index >= 0 of the token's row; this split's share of the
+    # tiles before it (tile g belongs to split g % SPLITS).
+    o_k = tl.arange(0, TOPK_PAD)
+    b_row = tl.load(p_idx + o_k, mask=o_k < TOPK, other=-1)
+    n_valid = tl.max(tl.where(b_row >= 0, o_k + 1, 0), axis=0)
+    n_tiles = tl.cdiv(n_valid, BLOCK_N)
+    n_mine = tl.cdiv(tl.maximum(n_tiles - i_s, 0), SPLITS)
 
     o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
     m_h = o_h < NUM_HEADS
     o_dl = tl.arange(0, D_LATENT)
     o_dr = tl.arange(0, D_ROPE)
+    o_n = tl.arange(0, BLOCK_N)
 
     # [BLOCK_H, D_LATENT], [BLOCK_H, D_ROPE]
     p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh
@@ -122,47 +110,30 @@ def _sparse_mla_fwd_kernel(
     b_l = tl.zeros([BLOCK_H], tl.float32)
     b_acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
 
-    K_PER_SPLIT: tl.constexpr = TOPK // SPLITS
-    k_start = i_s * K_PER_SPLIT
-    k_end = k_start + K_PER_SPLIT
-    o_n = tl.arange(0, BLOCK_N)
-    p_idx = idx_ptr + i_t64 * stride_it
-    if PREFETCH:
-        # Software pipeline: rows of step i+1 and indices of step i+2 are in flight while step i
-        # computes, so neither the index load nor the row gather is on the critical path.
-        b_idx = tl.load(p_idx + k_start + o_n, mask=k_start + o_n < k_end, other=-1)
-        m_valid, b_kv, b_kr = _gather_rows(
-            kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs, D_LATENT, D_ROPE
+    # [BLOCK_N] slot ids of this split's first tile; the loop carries the next tile's ids.
+    k_first = i_s * BLOCK_N
+    b_idx = tl.load(p_idx + k_first + o_n, mask=k_first + o_n < TOPK, other=-1)
+    for j in range(0, n_mine):
+        m_valid = (b_idx >= 0) & (b_idx < num_slots)
+        b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
+        p_row = (
+            kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
         )
-        o_k1 = k_start + BLOCK_N + o_n
-        b_idx_next = tl.load(p_idx + o_k1, mask=o_k1 < k_end, other=-1)
-    for k0 in range(0, K_PER_SPLIT, BLOCK_N):
-        if PREFETCH:
-            m_cur, b_kv_cur, b_kr_cur = m_valid, b_kv, b_kr
-            o_k2 = k_start + k0 + 2 * BLOCK_N + o_n
-            b_idx_next2 = tl.load(p_idx + o_k2, mask=o_k2 < k_end, other=-1)
-            m_valid, b_kv, b_kr = _gather_rows(
-                kv_ptr, b_idx_next, num_slots, kv_block_size, stride_kvb, stride_kvs,
-                D_LATENT, D_ROPE,
-            )  # fmt: skip
-            b_idx_next = b_idx_next2
-        else:
-            o_k = k_start + k0 + o_n
-            # [BLOCK_N] global slot ids; invalid ones (-1, out of range) are masked.
-            b_idx_cur = tl.load(p_idx + o_k, mask=o_k < k_end, other=-1)
-            m_cur, b_kv_cur, b_kr_cur = _gather_rows(
-                kv_ptr, b_idx_cur, num_slots, kv_block_size, stride_kvb, stride_kvs,
-                D_LATENT, D_ROPE,
-            )  # fmt: skip
-        b_pv_dtype = b_kv_cur.dtype
-        if DOT_F32:
-            b_kv_cur = b_kv_cur.to(tl.float32)
-            b_kr_cur = b_kr_cur.to(tl.float32)
+        # [BLOCK_N, D_LATENT] is K's latent part and V; [BLOCK_N, D_ROPE] K's rope part
+        b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
+        b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None], other=0.0)
+        # next tile's ids, loaded now so the pipeliner can issue the next gather early
+        k_next = (i_s + (j + 1) * SPLITS) * BLOCK_N
+        b_idx = tl.load(p_idx + k_next + o_n, mask=k_next + o_n < TOPK, other=-1)
 
+        b_pv_dtype = b_kv.dtype
+        if DOT_F32:
+            b_kv = b_kv.to(tl.float32)
+            b_kr = b_kr.to(tl.float32)
         # [BLOCK_H, BLOCK_N] logits in log2 units
-        b_s = tl.dot(b_q_nope, tl.trans(b_kv_cur))
-        b_s = tl.dot(b_q_rope, tl.trans(b_kr_cur), b_s)
-        b_s = tl.where(m_cur[None, :], b_s * scale_log2, float("-inf"))
+        b_s = tl.dot(b_q_nope, tl.trans(b_kv))
+        b_s = tl.dot(b_q_rope, tl.trans(b_kr), b_s)
+        b_s = tl.where(m_valid[None, :], b_s * scale_log2, float("-inf"))
 
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
         b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
@@ -170,7 +141,7 @@ def _sparse_mla_fwd_kernel(
         b_alpha = tl.exp2(b_m - b_m_use)
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
         b_acc = b_acc * b_alpha[:, None]
-        b_acc = tl.dot(b_p.to(b_pv_dtype).to(b_kv_cur.dtype), b_kv_cur, b_acc)
+        b_acc = tl.dot(b_p.to(b_pv_dtype).to(b_kv.dtype), b_kv, b_acc)
         b_m = b_m_new
 
     b_has = b_l > 0.0
@@ -188,169 +159,6 @@ def _sparse_mla_fwd_kernel(
 
 
 @triton.jit
-def _gather_rows_4(
-    kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs,
-    D_LATENT: tl.constexpr, D_ROPE: tl.constexpr,
-):  # fmt: skip
-    """As ``_gather_rows`` with the latent part as four [N, D_LATENT/4] column chunks."""
-    DC: tl.constexpr = D_LATENT // 4
-    m_valid = (b_idx >= 0) & (b_idx < num_slots)
-    b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
-    p_row = kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
-    p_c = p_row[:, None] + tl.arange(0, DC)[None, :]
-    m_c = m_valid[:, None]
-    b_k0 = tl.load(p_c, mask=m_c, other=0.0)
-    b_k1 = tl.load(p_c + DC, mask=m_c, other=0.0)
-    b_k2 = tl.load(p_c + 2 * DC, mask=m_c, other=0.0)
-    b_k3 = tl.load(p_c + 3 * DC, mask=m_c, other=0.0)
-    b_kr = tl.load(p_row[:, None] + D_LATENT + tl.arange(0, D_ROPE)[None, :], mask=m_c, other=0.0)
-    return m_valid, b_k0, b_k1, b_k2, b_k3, b_kr
-
-
-@triton.jit
-def _sparse_mla_fwd_chunked_kernel(
-    q_ptr,
-    kv_ptr,
-    idx_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    scale_log2,
-    num_slots,
-    kv_block_size,
-    stride_qt,
-    stride_qh,
-    stride_kvb,
-    stride_kvs,
-    stride_it,
-    stride_ot,
-    stride_oh,
-    NUM_HEADS: tl.constexpr,
-    TOPK: tl.constexpr,
-    SPLITS: tl.constexpr,
-    HEAD_BLOCKS: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    D_LATENT: tl.constexpr,
-    D_ROPE: tl.constexpr,
-    DOT_F32: tl.constexpr,
-    PREFETCH: tl.constexpr,
-):
-    """Same contract as ``_sparse_mla_fwd_kernel``; the 512 latent columns are handled as four
-    independent 128-column dots (q.k^T partial sums and p.v accumulators), which gives the
-    scheduler four independent MMA chains instead of one long one (the loop is latency-bound)."""
-    tl.static_assert(BLOCK_H >= 16)
-    tl.static_assert(TOPK % SPLITS == 0)
-    tl.static_assert(D_LATENT % 4 == 0)
-    DC: tl.constexpr = D_LATENT // 4
-    pid = tl.program_id(0)
-    i_hb = pid % HEAD_BLOCKS
-    i_s = (pid // HEAD_BLOCKS) % SPLITS
-    i_t = pid // (HEAD_BLOCKS * SPLITS)
-    i_t64 = i_t.to(tl.int64)
-
-    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < NUM_HEADS
-    o_dc = tl.arange(0, DC)
-    o_dr = tl.arange(0, D_ROPE)
-    # [BLOCK_H, DC] x4, [BLOCK_H, D_ROPE]
-    p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh + o_dc[None, :]
-    b_q0 = tl.load(p_q, mask=m_h[:, None], other=0.0)
-    b_q1 = tl.load(p_q + DC, mask=m_h[:, None], other=0.0)
-    b_q2 = tl.load(p_q + 2 * DC, mask=m_h[:, None], other=0.0)
-    b_q3 = tl.load(p_q + 3 * DC, mask=m_h[:, None], other=0.0)
-    p_qr = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh + D_LATENT
-    b_qr = tl.load(p_qr + o_dr[None, :], mask=m_h[:, None], other=0.0)
-    if DOT_F32:
-        b_q0 = b_q0.to(tl.float32)
-        b_q1 = b_q1.to(tl.float32)
-        b_q2 = b_q2.to(tl.float32)
-        b_q3 = b_q3.to(tl.float32)
-        b_qr = b_qr.to(tl.float32)
-
-    b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    b_l = tl.zeros([BLOCK_H], tl.float32)
-    b_a0 = tl.zeros([BLOCK_H, DC], tl.float32)
-    b_a1 = tl.zeros([BLOCK_H, DC], tl.float32)
-    b_a2 = tl.zeros([BLOCK_H, DC], tl.float32)
-    b_a3 = tl.zeros([BLOCK_H, DC], tl.float32)
-
-    K_PER_SPLIT: tl.constexpr = TOPK // SPLITS
-    k_start = i_s * K_PER_SPLIT
-    k_end = k_start + K_PER_SPLIT
-    o_n = tl.arange(0, BLOCK_N)
-    p_idx = idx_ptr + i_t64 * stride_it
-    if PREFETCH:
-        b_idx = tl.load(p_idx + k_start + o_n, mask=k_start + o_n < k_end, other=-1)
-        m_valid, b_k0, b_k1, b_k2, b_k3, b_kr = _gather_rows_4(
-            kv_ptr, b_idx, num_slots, kv_block_size, stride_kvb, stride_kvs, D_LATENT, D_ROPE
-        )
-        o_k1 = k_start + BLOCK_N + o_n
-        b_idx_next = tl.load(p_idx + o_k1, mask=o_k1 < k_end, other=-1)
-    for k0 in range(0, K_PER_SPLIT, BLOCK_N):
-        if PREFETCH:
-            m_cur, c_k0, c_k1, c_k2, c_k3, c_kr = m_valid, b_k0, b_k1, b_k2, b_k3, b_kr
-            o_k2 = k_start + k0 + 2 * BLOCK_N + o_n
-            b_idx_next2 = tl.load(p_idx + o_k2, mask=o_k2 < k_end, other=-1)
-            m_valid, b_k0, b_k1, b_k2, b_k3, b_kr = _gather_rows_4(
-                kv_ptr, b_idx_next, num_slots, kv_block_size, stride_kvb, stride_kvs,
-                D_LATENT, D_ROPE,
-            )  # fmt: skip
-            b_idx_next = b_idx_next2
-        else:
-            o_k = k_start + k0 + o_n
-            b_idx_cur = tl.load(p_idx + o_k, mask=o_k < k_end, other=-1)
-            m_cur, c_k0, c_k1, c_k2, c_k3, c_kr = _gather_rows_4(
-                kv_ptr, b_idx_cur, num_slots, kv_block_size, stride_kvb, stride_kvs,
-                D_LATENT, D_ROPE,
-            )  # fmt: skip
-        b_pv_dtype = c_k0.dtype
-        if DOT_F32:
-            c_k0 = c_k0.to(tl.float32)
-            c_k1 = c_k1.to(tl.float32)
-            c_k2 = c_k2.to(tl.float32)
-            c_k3 = c_k3.to(tl.float32)
-            c_kr = c_kr.to(tl.float32)
-        # [BLOCK_H, BLOCK_N] logits in log2 units: five independent partial dots
-        b_s01 = tl.dot(b_q0, tl.trans(c_k0)) + tl.dot(b_q1, tl.trans(c_k1))
-        b_s23 = tl.dot(b_q2, tl.trans(c_k2)) + tl.dot(b_q3, tl.trans(c_k3))
-        b_s = (b_s01 + b_s23) + tl.dot(b_qr, tl.trans(c_kr))
-        b_s = tl.where(m_cur[None, :], b_s * scale_log2, float("-inf"))
-
-        b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
-        b_m_use = tl.where(b_m_new == float("-inf"), 0.0, b_m_new)
-        b_p = tl.exp2(b_s - b_m_use[:, None])
-        b_alpha = tl.exp2(b_m - b_m_use)
-        b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_p = b_p.to(b_pv_dtype).to(c_k0.dtype)
-        b_a0 = tl.dot(b_p, c_k0, b_a0 * b_alpha[:, None])
-        b_a1 = tl.dot(b_p, c_k1, b_a1 * b_alpha[:, None])
-        b_a2 = tl.dot(b_p, c_k2, b_a2 * b_alpha[:, None])
-        b_a3 = tl.dot(b_p, c_k3, b_a3 * b_alpha[:, None])
-        b_m = b_m_new
-
-    b_has = b_l > 0.0
-    b_inv = 1.0 / tl.where(b_has, b_l, 1.0)
-    if SPLITS == 1:
-        # [BLOCK_H, DC] x4
-        p_o = out_ptr + i_t64 * stride_ot + o_h[:, None].to(tl.int64) * stride_oh + o_dc[None, :]
-        o_ty = out_ptr.dtype.element_ty
-        tl.store(p_o, (b_a0 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
-        tl.store(p_o + DC, (b_a1 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
-        tl.store(p_o + 2 * DC, (b_a2 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
-        tl.store(p_o + 3 * DC, (b_a3 * b_inv[:, None]).to(o_ty), mask=m_h[:, None])
-    else:
-        i_row = (i_t64 * SPLITS + i_s) * NUM_HEADS
-        p_po = part_o_ptr + (i_row + o_h[:, None]) * D_LATENT + o_dc[None, :]
-        tl.store(p_po, b_a0 * b_inv[:, None], mask=m_h[:, None])
-        tl.store(p_po + DC, b_a1 * b_inv[:, None], mask=m_h[:, None])
-        tl.store(p_po + 2 * DC, b_a2 * b_inv[:, None], mask=m_h[:, None])
-        tl.store(p_po + 3 * DC, b_a3 * b_inv[:, None], mask=m_h[:, None])
-        b_lse = tl.where(b_has, b_m + tl.log2(tl.where(b_has, b_l, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + i_row + o_h, b_lse, mask=m_h)
-
-
-@triton.jit
 def _combine_kernel(
     part_o_ptr,
     part_lse_ptr,
@@ -359,29 +167,30 @@ def _combine_kernel(
     stride_oh,
     NUM_HEADS: tl.constexpr,
     SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
     D_LATENT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
+    """One program per (token, head, BLOCK_D columns): all SPLITS partials in one load."""
+    D_BLOCKS: tl.constexpr = D_LATENT // BLOCK_D
     pid = tl.program_id(0)
-    i_t = (pid // NUM_HEADS).to(tl.int64)
-    i_h = pid % NUM_HEADS
-    o_s = tl.arange(0, SPLITS)
-    o_d = tl.arange(0, D_LATENT)
-    # [SPLITS] log2-sum-exp of each split (-inf = split had no valid row)
-    b_lse = tl.load(part_lse_ptr + (i_t * SPLITS + o_s) * NUM_HEADS + i_h)
+    i_d = pid % D_BLOCKS
+    i_h = (pid // D_BLOCKS) % NUM_HEADS
+    i_t = (pid // (D_BLOCKS * NUM_HEADS)).to(tl.int64)
+    o_s = tl.arange(0, SPLITS_PAD)
+    m_s = o_s < SPLITS
+    i_rows = (i_t * SPLITS + o_s) * NUM_HEADS + i_h
+    # [SPLITS_PAD] log2-sum-exp of each split (-inf = split had no valid row)
+    b_lse = tl.load(part_lse_ptr + i_rows, mask=m_s, other=float("-inf"))
     b_max = tl.max(b_lse, axis=0)
     b_max = tl.where(b_max == float("-inf"), 0.0, b_max)
     b_w = tl.exp2(b_lse - b_max)
     b_den = tl.sum(b_w, axis=0)
-    b_acc = tl.zeros([D_LATENT], tl.float32)
-    # [CHUNK, D_LATENT] partial tiles: independent loads, few dependent round trips
-    CHUNK: tl.constexpr = 16 if SPLITS > 16 else SPLITS
-    for s0 in range(0, SPLITS, CHUNK):
-        o_c = s0 + tl.arange(0, CHUNK)
-        i_rows = (i_t * SPLITS + o_c) * NUM_HEADS + i_h
-        b_wc = tl.exp2(tl.load(part_lse_ptr + i_rows) - b_max)
-        b_tile = tl.load(part_o_ptr + i_rows[:, None] * D_LATENT + o_d[None, :])
-        b_acc += tl.sum(b_wc[:, None] * b_tile, axis=0)
-    b_out = b_acc / tl.where(b_den > 0.0, b_den, 1.0)
+    o_d = i_d * BLOCK_D + tl.arange(0, BLOCK_D)
+    # [SPLITS_PAD, BLOCK_D]; empty splits are not read
+    m_tile = (m_s & (b_w > 0.0))[:, None]
+    b_tile = tl.load(part_o_ptr + i_rows[:, None] * D_LATENT + o_d[None, :], mask=m_tile, other=0.0)
+    b_out = tl.sum(b_w[:, None] * b_tile, axis=0) / tl.where(b_den > 0.0, b_den, 1.0)
     p_o = out_ptr + i_t * stride_ot + i_h * stride_oh + o_d
     tl.store(p_o, b_out.to(out_ptr.dtype.element_ty))
 
@@ -391,29 +200,47 @@ def _combine_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _pow2_floor(x: int) -> int:
-    return 1 << (max(x, 1).bit_length() - 1)
+@dataclass(frozen=True)
+class Plan:
+    cfg: AttnConfig
+    head_blocks: int
+    splits: int  # 1 = one pass (prefill strategy), > 1 = split over top-k + combine
+
+    @property
+    def strategy(self) -> str:
+        return "decode" if self.splits > 1 else "prefill"
 
 
-def plan(
-    num_tokens: int, num_heads: int, topk: int, num_sms: int
-) -> tuple[bool, AttnConfig, int, int]:
-    """(use_split, config, head_blocks, splits) for a shape; depends on shapes and SM count only."""
-    cfg = attn_config(num_heads, prefill=False)
+def combine_block_d(splits: int) -> int:
+    """Columns per combine program: the [SPLITS, BLOCK_D] tile stays <= 4096 fp32 values."""
+    return max(32, min(D_LATENT, 4096 // triton.next_power_of_2(splits)))
+
+
+def plan(num_tokens: int, num_heads: int, topk: int, info: DeviceInfo | int) -> Plan:
+    """Launch plan for a shape on a device; depends on shapes and the device only.
+
+    The split count fills one wave: programs resident per SM (from the config's shared memory
+    against the device's ``max_shared_mem``) x SMs, over tokens x head blocks, with at least
+    MIN_ROWS_PER_SPLIT rows per split, then lowered to the smallest count with the same tiles per
+    split. Where tokens x head blocks alone fill half a wave the one-pass plan is used.
+    ``info`` may be a bare SM count (then sm_120's 101376 B of shared memory are assumed).
+    """
+    if isinstance(info, int):
+        info = DeviceInfo(capability=(12, 0), num_sms=info, max_shared_mem=101376)
+    cap, smem = info.capability, info.max_shared_mem
+    cfg = attn_config(num_heads, "decode", cap, smem)
     head_blocks = triton.cdiv(num_heads, cfg.block_h)
-    target = DECODE_PROGRAMS_PER_SM * num_sms
-    max_splits = max(topk // cfg.block_n, 1)
-    splits = 1
-    while (
-        splits * 2 <= max_splits
-        and num_tokens * head_blocks * splits * 2 <= target
-        and topk % (splits * 2 * cfg.block_n) == 0
-    ):
-        splits *= 2
+    slots = info.num_sms * cfg.ctas_per_sm(smem)
+    work = max(num_tokens, 1) * head_blocks
+    n_tiles = triton.cdiv(topk, cfg.block_n)
+    max_splits = max(1, min(n_tiles, topk // MIN_ROWS_PER_SPLIT))
+    splits = max(1, min(max_splits, slots // work))
     if splits > 1:
-        return True, cfg, head_blocks, splits
-    cfg = attn_config(num_heads, prefill=True)
-    return False, cfg, triton.cdiv(num_heads, cfg.block_h), 1
+        splits = triton.cdiv(n_tiles, triton.cdiv(n_tiles, splits))
+    if splits > 1:
+        return Plan(cfg, head_blocks, splits)
+    cfg = attn_config(num_heads, "prefill", cap, smem)
+    return Plan(cfg, triton.cdiv(num_heads, cfg.block_h), 1)
 
 
 class SparseMLAWorkspace:
@@ -421,9 +248,9 @@ class SparseMLAWorkspace:
 
     Holds ``part_o`` [R, H, 512] fp32 (per split, softmax-normalised partial outputs) and
     ``part_lse`` [R, H] fp32 (their log2-sum-exp), with R = the largest tokens x splits any
-    T <= max_tokens uses on ``device``; R is bounded by the decode target of 4 programs per SM,
-    not by max_tokens (H=64 on a 132-SM H200: R=264, 35 MB; H=8: R=528, 8.7 MB). ``dtype`` is
-    accepted for interface symmetry; the partials are always fp32.
+    T <= max_tokens uses on ``device``; R is bounded by one wave of programs, not by max_tokens
+    (H200, H=8: R <= 264, 4.3 MB). ``dtype`` is accepted for interface symmetry; the partials
+    are always fp32.
     """
 
     def __init__(
@@ -443,15 +270,13 @@ class SparseMLAWorkspace:
         self.num_heads = num_heads
         self.topk = topk
         self.dtype = dtype
-        num_sms = device_info(self.device).num_sms
+        info = device_info(self.device)
         rows = 0
-        t = 1
-        while t <= max_tokens:
-            use_split, _, _, splits = plan(t, num_heads, topk, num_sms)
-            if not use_split:
+        for t in range(1, max_tokens + 1):
+            p = plan(t, num_heads, topk, info)
+            if p.splits == 1:
                 break
-            rows = max(rows, t * splits)
-            t += 1
+            rows = max(rows, t * p.splits)
         self.rows = rows
         self.part_o = torch.empty((max(rows, 1), num_heads, D_LATENT), dtype=torch.float32,
                                   device=self.device)  # fmt: skip
@@ -477,7 +302,7 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor) -> No
         raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
     if kv_cache.dtype != q.dtype:
         raise TypeError(f"kv_cache dtype {kv_cache.dtype} differs from q dtype {q.dtype}")
-    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1:
+    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1 and kv_cache.shape[3] == D_QK:
         pass
     elif kv_cache.dim() != 3 or kv_cache.shape[-1] != D_QK:
         raise ValueError(
@@ -520,8 +345,8 @@ def sparse_mla_attention(
         kv_cache = kv_cache.squeeze(2)
     num_tokens, num_heads, _ = q.shape
     topk = indices.shape[1]
-    if topk % 16 != 0:
-        raise ValueError(f"top-k width must be a multiple of 16, got {topk}")
+    if topk % 16 != 0 or topk == 0:
+        raise ValueError(f"top-k width must be a positive multiple of 16, got {topk}")
     if out is None:
         out = torch.empty((num_tokens, num_heads, D_LATENT), dtype=q.dtype, device=q.device)
     elif out.shape != (num_tokens, num_heads, D_LATENT) or out.dtype != q.dtype:
@@ -533,10 +358,8 @@ def sparse_mla_attention(
         raise ValueError("out needs a contiguous last dimension")
     if num_tokens == 0:
         return out
-
-    info = device_info(q.device)
-    use_split, cfg, head_blocks, splits = plan(num_tokens, num_heads, topk, info.num_sms)
-    _launch(q, kv_cache, indices, scale, out, workspace, cfg, head_blocks, splits)
+    _launch(q, kv_cache, indices, scale, out, workspace, plan(num_tokens, num_heads, topk,
+                                                              device_info(q.device)))  # fmt: skip
     return out
 
 
@@ -547,15 +370,15 @@ def _launch(
     scale: float,
     out: torch.Tensor,
     workspace: SparseMLAWorkspace | None,
-    cfg: AttnConfig,
-    head_blocks: int,
-    splits: int,
+    p: Plan,
 ) -> None:
-    """Launch with an explicit plan (the benchmark sweeps configs through this)."""
+    """Launch with an explicit plan (tests and the benchmark sweep configs through this)."""
     num_tokens, num_heads, _ = q.shape
     topk = indices.shape[1]
-    use_split = splits > 1
-    if use_split:
+    cfg, splits = p.cfg, p.splits
+    if p.head_blocks * cfg.block_h < num_heads:
+        raise ValueError(f"plan covers {p.head_blocks * cfg.block_h} heads, q has {num_heads}")
+    if splits > 1:
         if workspace is None:
             part_o = torch.empty((num_tokens * splits, num_heads, D_LATENT), dtype=torch.float32,
                                  device=q.device)  # fmt: skip
@@ -564,16 +387,16 @@ def _launch(
         else:
             if workspace.num_heads != num_heads or workspace.rows < num_tokens * splits:
                 raise ValueError(
-                    f"workspace (max_tokens={workspace.max_tokens}, heads={workspace.num_heads})"
-                    f" too small for T={num_tokens}, H={num_heads}, K={topk}"
+                    f"workspace (max_tokens={workspace.max_tokens}, heads={workspace.num_heads},"
+                    f" rows={workspace.rows}) too small for T={num_tokens}, H={num_heads},"
+                    f" K={topk}, splits={splits}"
                 )
             part_o, part_lse = workspace.part_o, workspace.part_lse
     else:
         part_o = part_lse = out  # unused by the kernel when SPLITS == 1
 
-    grid = (num_tokens * splits * head_blocks,)
-    kernel = _sparse_mla_fwd_chunked_kernel if cfg.chunked else _sparse_mla_fwd_kernel
-    kernel[grid](
+    grid = (num_tokens * splits * p.head_blocks,)
+    _sparse_mla_kernel[grid](
         q,
         kv_cache,
         indices,
@@ -592,8 +415,9 @@ def _launch(
         out.stride(1),
         NUM_HEADS=num_heads,
         TOPK=topk,
+        TOPK_PAD=triton.next_power_of_2(topk),
         SPLITS=splits,
-        HEAD_BLOCKS=head_blocks,
+        HEAD_BLOCKS=p.head_blocks,
         BLOCK_H=cfg.block_h,
         BLOCK_N=cfg.block_n,
         D_LATENT=D_LATENT,
@@ -601,12 +425,12 @@ def _launch(
         # Triton 3.6's interpreter mis-computes bf16 tl.dot (integer-like garbage); on CPU the
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
-        PREFETCH=cfg.prefetch,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
-    if use_split:
-        _combine_kernel[(num_tokens * num_heads,)](
+    if splits > 1:
+        block_d = combine_block_d(splits)
+        _combine_kernel[(num_tokens * num_heads * (D_LATENT // block_d),)](
             part_o,
             part_lse,
             out,
@@ -614,12 +438,15 @@ def _launch(
             out.stride(1),
             NUM_HEADS=num_heads,
             SPLITS=splits,
+            SPLITS_PAD=triton.next_power_of_2(splits),
             D_LATENT=D_LATENT,
+            BLOCK_D=block_d,
             num_warps=4,
         )
 
 
 __all__ = [
+    "Plan",
     "SparseMLAWorkspace",
     "make_workspace",
     "plan",

@@ -1,0 +1,230 @@
+"""Cross-compile every kernel configuration the launchers can pick on sm_120 (no GPU needed) and
+report shared memory, registers, spills and, for the attention kernel, how the row gather is
+pipelined, read from the TTGIR triton emits. Used by tests/kernels/test_sm120_fit.py; run
+directly to print the table (PYTHONPATH=tests:backend/src):
+
+    $RUNTIME_PY -m support.sm120_fit
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from vllm_sparse_mla.kernels import _configs, indexer, sparse_mla
+from vllm_sparse_mla.kernels._capability import DeviceInfo
+from vllm_sparse_mla.kernels._dims import D_LATENT, D_ROPE
+
+SM120_SHARED_LIMIT = 101376
+SM120_SMS = 188  # RTX PRO 6000 Blackwell; the decode split plan depends on the SM count
+SM120 = DeviceInfo(capability=(12, 0), num_sms=SM120_SMS, max_shared_mem=SM120_SHARED_LIMIT)
+TOPK = 2048
+
+
+@dataclass
+class FitResult:
+    name: str
+    shared: int
+    registers: int
+    local: int
+    num_warps: int
+    ring_depth: int | None = None  # buffers of the row tile's shared ring (None: no main loop)
+    loop_full_wait: bool | None = None  # an async_wait {num = 0} inside the main loop
+    loop_async_copies: int | None = None  # cp.async ops (async_copy_global_to_local) in the loop
+
+
+def _cuobjdump() -> Path:
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+
+
+def _main_loop(ttgir: str) -> str | None:
+    """Text of the (single, outermost) scf.for region of a kernel, or None without a loop."""
+    start = ttgir.find("scf.for")
+    if start < 0:
+        return None
+    # the region opens with the "{" that ends the scf.for line (types on it hold braces too)
+    brace = ttgir.rfind("{", start, ttgir.find("\n", start))
+    depth, i = 0, brace
+    while i < len(ttgir):
+        c = ttgir[i]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                return ttgir[start : i + 1]
+        i += 1
+    return ttgir[start:]
+
+
+def pipelining(ttgir: str, block_n: int) -> tuple[int | None, bool | None, int | None]:
+    """(ring depth of the [*, block_n, 512] row buffer, full wait in the loop, cp.async count)."""
+    depths = [
+        int(m.group(1))
+        for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{D_LATENT}x[a-z0-9]+,[^>]*mutable", ttgir)
+    ]
+    loop = _main_loop(ttgir)
+    if loop is None:
+        return (max(depths) if depths else None), None, None
+    full_wait = re.search(r"async_wait[^\n]*\{num = 0 : i32\}", loop) is not None
+    copies = len(re.findall(r"async_copy_global_to_local", loop))
+    return (max(depths) if depths else 1), full_wait, copies
+
+
+def compile_for_sm120(
+    name: str, fn, args: dict[str, object], constexprs: dict[str, object], num_warps: int,
+    num_stages: int, block_n: int | None = None,
+) -> FitResult:  # fmt: skip
+    """args: name -> "*fp16"-style pointer type (16-byte aligned) or an int/float value, which
+    gets the runtime's specialisation (int % 16 == 0 -> divisibility 16; == 1 -> constexpr)."""
+    signature: dict[str, str] = {}
+    consts = dict(constexprs)
+    attrs = {}
+    for i, arg_name in enumerate(fn.arg_names):
+        if arg_name in constexprs:
+            signature[arg_name] = "constexpr"
+            continue
+        v = args[arg_name]
+        if isinstance(v, str):
+            signature[arg_name] = v
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(v, bool) or not isinstance(v, int | float):
+            raise TypeError(f"{arg_name}: unsupported spec {v!r}")
+        elif isinstance(v, float):
+            signature[arg_name] = "fp32"
+        elif v == 1:
+            signature[arg_name] = "constexpr"
+            consts[arg_name] = 1
+        else:
+            signature[arg_name] = "i32" if abs(v) < 2**31 else "i64"
+            if v % 16 == 0:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+    src = ASTSource(fn=fn, signature=signature, constexprs=consts, attrs=attrs)
+    target = GPUTarget("cuda", 120, 32)
+    backend = triton.compiler.make_backend(target)
+    options = backend.parse_options({"num_warps": num_warps, "num_stages": num_stages})
+    compiled = triton.compile(src, target=target, options=options.__dict__)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        res = subprocess.run(
+            [str(_cuobjdump()), "--dump-resource-usage", f.name],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    regs = int(re.search(r"REG:(\d+)", res).group(1))
+    local = int(re.search(r"LOCAL:(\d+)", res).group(1))
+    out = FitResult(name, int(compiled.metadata.shared), regs, local, num_warps)
+    if block_n is not None:
+        out.ring_depth, out.loop_full_wait, out.loop_async_copies = pipelining(
+            compiled.asm["ttgir"], block_n
+        )
+    return out
+
+
+def attention_plans(info: DeviceInfo = SM120, max_tokens: int = 8192):
+    """Distinct (heads, plan) the launcher picks for H 8/16/32/64, top-k 2048, T <= max_tokens.
+    SPLITS only sets loop strides and the epilogue, so per config the smallest and largest split
+    and the one-pass plan bound the resource use; all three are kept."""
+    for h in (8, 16, 32, 64):
+        plans = {sparse_mla.plan(t, h, TOPK, info) for t in range(1, max_tokens + 1)}
+        split = sorted((p for p in plans if p.splits > 1), key=lambda p: p.splits)
+        picked = ([split[0], split[-1]] if split else []) + [p for p in plans if p.splits == 1]
+        for p in dict.fromkeys(picked):
+            yield h, p
+
+
+def launched_configs():
+    """Yield (name, fn, args, constexprs, num_warps, num_stages, block_n) for every
+    configuration the launchers can pick on sm_120 with GLM-5's shapes."""
+    for dtype in ("fp16", "bf16"):
+        for h, p in attention_plans():
+            cfg = p.cfg
+            args = {
+                "q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "idx_ptr": "*i32",
+                "out_ptr": f"*{dtype}", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
+                "scale_log2": 0.09, "num_slots": 64 * 4096, "kv_block_size": 64,
+                "stride_qt": h * 576, "stride_qh": 576, "stride_kvb": 64 * 576,
+                "stride_kvs": 576, "stride_it": TOPK, "stride_ot": h * 512, "stride_oh": 512,
+            }  # fmt: skip
+            consts = dict(
+                NUM_HEADS=h, TOPK=TOPK, TOPK_PAD=TOPK, SPLITS=p.splits,
+                HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+                D_LATENT=D_LATENT, D_ROPE=D_ROPE, DOT_F32=False,
+            )  # fmt: skip
+            kind = f"split{p.splits}" if p.splits > 1 else "1pass"
+            yield (
+                f"attn {kind} H={h} {dtype} BH={cfg.block_h} BN={cfg.block_n} "
+                f"w{cfg.num_warps} ns{cfg.num_stages}",
+                sparse_mla._sparse_mla_kernel, args, consts, cfg.num_warps, cfg.num_stages,
+                cfg.block_n,
+            )  # fmt: skip
+            if p.splits > 1 and dtype == "fp16":
+                bd = sparse_mla.combine_block_d(p.splits)
+                yield (
+                    f"combine H={h} S={p.splits} BD={bd}", sparse_mla._combine_kernel,
+                    {"part_o_ptr": "*fp32", "part_lse_ptr": "*fp32", "out_ptr": f"*{dtype}",
+                     "stride_ot": h * 512, "stride_oh": 512},
+                    dict(NUM_HEADS=h, SPLITS=p.splits,
+                         SPLITS_PAD=triton.next_power_of_2(p.splits), D_LATENT=D_LATENT,
+                         BLOCK_D=bd),
+                    4, 2, None,
+                )  # fmt: skip
+    c = _configs.MQA_LOGITS_CONFIG
+    yield (
+        f"mqa_logits H=32 D=128 BM={c.block_m} BN={c.block_n}", indexer._mqa_logits_kernel,
+        {"q_ptr": "*u8", "k_ptr": "*u8", "k_scale_ptr": "*fp32", "w_ptr": "*fp32",
+         "ks_ptr": "*i32", "ke_ptr": "*i32", "out_ptr": "*fp32", "M": 4096, "N": 32768,
+         "stride_qm": 32 * 128, "stride_qh": 128, "stride_kn": 128, "stride_wm": 32,
+         "stride_om": 32768},
+        dict(NUM_HEADS=32, D=128, BLOCK_M=c.block_m, BLOCK_N=c.block_n, CLEAN=False,
+             FP8_DOT=True),
+        c.num_warps, c.num_stages, None,
+    )  # fmt: skip
+    c = _configs.PAGED_LOGITS_CONFIG
+    for next_n in (1, 2, 4):
+        yield (
+            f"paged_logits H=32 D=128 next_n={next_n} BN={c.block_n}",
+            indexer._paged_mqa_logits_kernel,
+            {"q_ptr": "*u8", "kv_ptr": "*u8", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32",
+             "ctx_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32", "max_model_len": 202752,
+             "max_blocks": 3168, "stride_qb": next_n * 4096, "stride_qj": 4096,
+             "stride_qh": 128, "stride_kvblk": 64 * 132, "stride_cb": next_n, "stride_cj": 1,
+             "stride_btb": 3168, "stride_wm": 32, "stride_om": 202752},
+            dict(NEXT_N=next_n, NEXT_N_PAD=next_n, CTX_1D=False, NUM_HEADS=32, D=128,
+                 KV_BLOCK=64, BLOCK_N=c.block_n, CLEAN=False, FP8_DOT=True),
+            c.num_warps, c.num_stages, None,
+        )  # fmt: skip
+
+
+def fit_table() -> list[FitResult]:
+    return [compile_for_sm120(*spec) for spec in launched_configs()]
+
+
+def format_table(rows: list[FitResult]) -> str:
+    lines = [
+        f"kernel config (sm_120, triton {triton.__version__})".ljust(52)
+        + f"{'shared B':>9} {'regs':>5} {'spill B':>7} {'ring':>5} {'loop wait0':>10}"
+    ]
+    for r in rows:
+        ring = "-" if r.ring_depth is None else str(r.ring_depth)
+        wait = "-" if r.loop_full_wait is None else ("YES" if r.loop_full_wait else "no")
+        lines.append(f"{r.name:52}{r.shared:9d} {r.registers:5d} {r.local:7d} {ring:>5} {wait:>10}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    print(format_table(fit_table()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
