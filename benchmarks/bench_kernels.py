@@ -314,11 +314,11 @@ def sweep_plans(p, kind, h, t):
     if key not in (("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)):
         return []
     if h <= 16:
-        cfgs = [AttnConfig(16, 32, 8, 3), AttnConfig(16, 16, 4, 3), AttnConfig(16, 64, 8, 3),
-                AttnConfig(16, 32, 4, 4), AttnConfig(16, 16, 4, 4)]  # fmt: skip
+        cfgs = [AttnConfig(16, 32, 8, 3), AttnConfig(16, 64, 8, 3, 1), AttnConfig(16, 64, 4, 3, 1),
+                AttnConfig(16, 32, 4, 3)]  # fmt: skip
     else:
-        cfgs = [AttnConfig(32, 16, 8, 4), AttnConfig(32, 32, 8, 3), AttnConfig(64, 16, 8, 4),
-                AttnConfig(64, 32, 8, 3)]  # fmt: skip
+        cfgs = [AttnConfig(32, 16, 8, 4), AttnConfig(32, 64, 8, 3, 1), AttnConfig(64, 32, 8, 3, 1),
+                AttnConfig(64, 64, 8, 2, 1)]  # fmt: skip
     out = [Plan(c, -(-h // c.block_h), p.splits) for c in cfgs if c != p.cfg]
     for s in (p.splits // 2, p.splits * 2):
         if 1 <= s <= 64 and s != p.splits:
@@ -481,6 +481,22 @@ def bench_layer(torch, args, vllm_ops, rows_out):
             del sets, kv, ws
 
 
+def profile_calls(torch, spec: str) -> None:
+    """--profile: a few eager calls per shape, for ncu (no graphs, no timing)."""
+    from vllm_sparse_mla.kernels import make_workspace, sparse_mla_attention
+
+    pool = torch.randn(2_097_152 // 64, 64, 576, device="cuda", dtype=torch.float16)
+    for item in spec.split(","):
+        h, kind, t = item.split(":")
+        h, t = int(h), int(t)
+        (q, idx, o), *_ = attn_sets(torch, kind, t, h, 2_097_152, 0)
+        ws = make_workspace(max(t, 1), h, TOPK, "cuda", torch.float16)
+        for _ in range(3):
+            sparse_mla_attention(q, pool, idx, SCALE, out=o, workspace=ws)
+        torch.cuda.synchronize()
+        print(f"profiled H={h} {kind} {t}", flush=True)
+
+
 def print_table(rows, copy_tbs, mm):
     print(f"\nceilings: copy {copy_tbs:.3f} TB/s (read+write), fp16 matmul {mm:.1f} TFLOP/s")
     print(
@@ -538,6 +554,11 @@ def main(argv: list[str] | None = None) -> int:
         default=120.0,
         help="stop sweeping variants after this many seconds (default: %(default)s)",
     )
+    p.add_argument(
+        "--profile",
+        metavar="H:KIND:T,...",
+        help="only run these shapes eagerly 3x for ncu, e.g. 8:decode:128,8:prefill:1024",
+    )
     args = p.parse_args(argv)
     args.deadline = time.monotonic() + args.budget_s
     args.sweep_deadline = time.monotonic() + args.sweep_budget_s
@@ -559,6 +580,9 @@ def main(argv: list[str] | None = None) -> int:
         f"L2 {props.L2_cache_size >> 20} MiB, torch {torch.__version__}, "
         f"triton {triton.__version__}"
     )
+    if args.profile:
+        profile_calls(torch, args.profile)
+        return 0
     if args.no_vllm:
         vllm_ops = {}
         MISSING["vllm"] = "--no-vllm"

@@ -52,6 +52,9 @@ ATTN_CASES: dict[str, tuple[int, int, int, torch.dtype, dict]] = {
     "t4_h16_k96_bf16_1pass_bn16": (4, 16, 96, BF16, {"pad": 0.2, "plan": "bn16_s1"}),
     "t2_h40_k64_fp16_bh32_ns4": (2, 40, 64, F16, {"pad": 0.2, "plan": "bh32_bn16_ns4_s2"}),
     "t2_h64_k64_fp16_bh64": (2, 64, 64, F16, {"tail": 10, "plan": "bh64_bn32_s1"}),
+    # cache layouts: 16-token blocks; blocks not back to back (strided view of a bigger buffer)
+    "t3_h8_k64_fp16_block16": (3, 8, 64, F16, {"num_blocks": 16, "block_size": 16, "pad": 0.1}),
+    "t2_h16_k64_bf16_strided_cache": (2, 16, 64, BF16, {"block_pad": 5, "tail": 7}),
 }
 
 

@@ -120,7 +120,7 @@ def test_sparse_mla_cuda_graph_replay(t):
 
 VARIANTS = [  # (block_h, block_n, num_warps, num_stages)
     (16, 32, 4, 3), (16, 32, 8, 3), (16, 16, 4, 3), (16, 64, 8, 3), (32, 16, 8, 4),
-    (32, 32, 8, 3), (64, 32, 8, 3),
+    (32, 32, 8, 3), (32, 64, 8, 3), (64, 32, 8, 3),
 ]  # fmt: skip
 
 

@@ -72,6 +72,7 @@ def attn_inputs(
     mtp: int = 1,
     cache_4d: bool = False,
     distinct: bool = True,
+    block_pad: int = 0,
     seed: int = 0,
 ):
     """(q [t, h, 576], kv [num_blocks, block_size, (1,) 576], idx [t, k] int32) for the attention.
@@ -85,7 +86,8 @@ def attn_inputs(
     """
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(t, h, 576, generator=g).to(dtype)
-    kv = torch.randn(num_blocks, block_size, 576, generator=g).to(dtype)
+    kv = torch.randn(num_blocks, block_size + block_pad, 576, generator=g).to(dtype)
+    kv = kv[:, :block_size]  # block_pad > 0: blocks not back to back (a strided cache view)
     n_slots = num_blocks * block_size
     if distinct and k <= n_slots:
         idx = torch.stack([torch.randperm(n_slots, generator=g)[:k] for _ in range(t)])
@@ -113,7 +115,7 @@ def attn_inputs(
         idx[r] = -1
     if cache_4d:
         kv = kv.unsqueeze(2)
-    return q.to(device), kv.to(device), idx.to(device)
+    return q.to(device), kv.to(device), idx.to(device)  # .to keeps a strided view's strides
 
 
 def fp8(x: torch.Tensor) -> torch.Tensor:

@@ -151,14 +151,14 @@ def launched_configs():
             args = {
                 "q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "idx_ptr": "*i32",
                 "out_ptr": f"*{dtype}", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
-                "scale_log2": 0.09, "num_slots": 64 * 4096, "kv_block_size": 64,
+                "scale_log2": 0.09, "num_slots": 64 * 4096,
                 "stride_qt": h * 576, "stride_qh": 576, "stride_kvb": 64 * 576,
                 "stride_kvs": 576, "stride_it": TOPK, "stride_ot": h * 512, "stride_oh": 512,
             }  # fmt: skip
             consts = dict(
                 NUM_HEADS=h, TOPK=TOPK, TOPK_PAD=TOPK, SPLITS=p.splits,
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
-                D_LATENT=D_LATENT, D_ROPE=D_ROPE, DOT_F32=False,
+                D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
             yield (

@@ -36,26 +36,37 @@ class AttnConfig:
         return max(1, min(self.max_ctas_per_sm, fit))
 
 
-_H16 = AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
+# Measured on the H200 (benchmarks/RESULTS.md, 2026-12-03 runs 4-5). BLOCK_N 64 makes triton 3.6
+# emit wgmma on sm_90 and halves the per-row re-reads of q from shared memory (the MIO stall ncu
+# reports for BLOCK_N 32), but its 2-deep ring needs ~168 KB: H200 only. sm_120 (101376 B) gets
+# the 32-row ring (93 KB, mma.sync).
+_H16 = AttnConfig(block_h=16, block_n=32, num_warps=8, num_stages=3)
+_H16_WIDE = AttnConfig(block_h=16, block_n=64, num_warps=8, num_stages=3, max_ctas_per_sm=1)
+_H16_SMALL = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=3)
 _H32 = AttnConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
+_H32_WIDE = AttnConfig(block_h=32, block_n=64, num_warps=8, num_stages=3, max_ctas_per_sm=1)
 _H32_SMALL = AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=4)
 _H64 = AttnConfig(block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_per_sm=1)
-_H16_SMALL = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=3)
 
-# (capability major or None = any, head bucket) -> candidates, best first. Decode and prefill
-# share them today (one kernel; the plan differs in splits only).
-ATTN_CONFIGS: dict[tuple[int | None, int, str], tuple[AttnConfig, ...]] = {}
-for _strategy in ("decode", "prefill"):
-    ATTN_CONFIGS[(None, 16, _strategy)] = (_H16, _H16_SMALL)
-    ATTN_CONFIGS[(None, 32, _strategy)] = (_H32, _H32_SMALL)
+# (capability major or None = any, head bucket, strategy) -> candidates, best first. "decode"
+# (many splits of few rows) keeps short tiles; "prefill" (and large decode batches, see
+# sparse_mla.plan) takes the wide tile where it fits.
+ATTN_CONFIGS: dict[tuple[int | None, int, str], tuple[AttnConfig, ...]] = {
+    (None, 16, "decode"): (_H16, _H16_SMALL),
+    (None, 16, "prefill"): (_H16_WIDE, _H16, _H16_SMALL),
+    (None, 32, "decode"): (_H32, _H32_SMALL),
+    (None, 32, "prefill"): (_H32_WIDE, _H32_SMALL),
     # 64 heads: one 64-head tile reads each row once where it fits (H200: 228 KB per SM); on
-    # sm_120 (101376 B) two 32-head blocks, the second reading its rows mostly from L2.
-    ATTN_CONFIGS[(None, 64, _strategy)] = (_H64, _H32_SMALL)
+    # sm_120 two 32-head blocks, the second reading its rows mostly from L2.
+    (None, 64, "decode"): (_H64, _H32_SMALL),
+    (None, 64, "prefill"): (_H64, _H32_SMALL),
+}
 
 # Fallback when nothing listed fits (a device with very little shared memory).
 MIN_ATTN_CONFIG = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=2)
 
 MIN_ROWS_PER_SPLIT = 32  # a split shorter than this costs more in partials than it saves
+MIN_DECODE_SPLITS = 4  # below this the wide (prefill) tile over up to 2 waves measures faster
 
 
 def _bucket(num_heads: int) -> int:

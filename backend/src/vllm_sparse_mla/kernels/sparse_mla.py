@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 
 from ._capability import DeviceInfo, device_info
-from ._configs import MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
+from ._configs import MIN_DECODE_SPLITS, MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
 from ._dims import D_LATENT, D_QK, D_ROPE
 
 LOG2E = 1.4426950408889634
@@ -57,7 +57,6 @@ def _sparse_mla_kernel(
     part_lse_ptr,
     scale_log2,
     num_slots,
-    kv_block_size,
     stride_qt,
     stride_qh,
     stride_kvb,
@@ -74,6 +73,8 @@ def _sparse_mla_kernel(
     BLOCK_N: tl.constexpr,
     D_LATENT: tl.constexpr,
     D_ROPE: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    FLAT_SLOTS: tl.constexpr,
     DOT_F32: tl.constexpr,
 ):
     tl.static_assert(BLOCK_H >= 16)
@@ -115,10 +116,12 @@ def _sparse_mla_kernel(
     b_idx = tl.load(p_idx + k_first + o_n, mask=k_first + o_n < TOPK, other=-1)
     for j in range(0, n_mine):
         m_valid = (b_idx >= 0) & (b_idx < num_slots)
-        b_slot = tl.where(m_valid, b_idx, 0).to(tl.int64)
-        p_row = (
-            kv_ptr + (b_slot // kv_block_size) * stride_kvb + (b_slot % kv_block_size) * stride_kvs
-        )
+        b_slot = tl.where(m_valid, b_idx, 0)
+        if FLAT_SLOTS:  # blocks back to back: slot * row stride (no division on the hot path)
+            p_row = kv_ptr + b_slot.to(tl.int64) * stride_kvs
+        else:  # KV_BLOCK is a power of two: shift and mask
+            b_blk = (b_slot // KV_BLOCK).to(tl.int64)
+            p_row = kv_ptr + b_blk * stride_kvb + (b_slot % KV_BLOCK) * stride_kvs
         # [BLOCK_N, D_LATENT] is K's latent part and V; [BLOCK_N, D_ROPE] K's rope part
         b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
         b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None], other=0.0)
@@ -222,25 +225,32 @@ def plan(num_tokens: int, num_heads: int, topk: int, info: DeviceInfo | int) -> 
     The split count fills one wave: programs resident per SM (from the config's shared memory
     against the device's ``max_shared_mem``) x SMs, over tokens x head blocks, with at least
     MIN_ROWS_PER_SPLIT rows per split, then lowered to the smallest count with the same tiles per
-    split. Where tokens x head blocks alone fill half a wave the one-pass plan is used.
+    split. Where that gives fewer than MIN_DECODE_SPLITS, the prefill ("wide") config fills up to
+    two waves instead, down to one pass once tokens x head blocks fill them.
     ``info`` may be a bare SM count (then sm_120's 101376 B of shared memory are assumed).
     """
     if isinstance(info, int):
         info = DeviceInfo(capability=(12, 0), num_sms=info, max_shared_mem=101376)
     cap, smem = info.capability, info.max_shared_mem
+    work = max(num_tokens, 1)
+
+    def splits_for(cfg: AttnConfig, waves: int) -> tuple[int, int]:
+        head_blocks = triton.cdiv(num_heads, cfg.block_h)
+        slots = waves * info.num_sms * cfg.ctas_per_sm(smem)
+        n_tiles = triton.cdiv(topk, cfg.block_n)
+        max_splits = max(1, min(n_tiles, topk // MIN_ROWS_PER_SPLIT))
+        splits = max(1, min(max_splits, slots // (work * head_blocks)))
+        if splits > 1:  # the fewest splits with the same tiles per split
+            splits = triton.cdiv(n_tiles, triton.cdiv(n_tiles, splits))
+        return head_blocks, splits
+
     cfg = attn_config(num_heads, "decode", cap, smem)
-    head_blocks = triton.cdiv(num_heads, cfg.block_h)
-    slots = info.num_sms * cfg.ctas_per_sm(smem)
-    work = max(num_tokens, 1) * head_blocks
-    n_tiles = triton.cdiv(topk, cfg.block_n)
-    max_splits = max(1, min(n_tiles, topk // MIN_ROWS_PER_SPLIT))
-    splits = max(1, min(max_splits, slots // work))
-    if splits > 1:
-        splits = triton.cdiv(n_tiles, triton.cdiv(n_tiles, splits))
-    if splits > 1:
+    head_blocks, splits = splits_for(cfg, 1)
+    if splits >= MIN_DECODE_SPLITS:
         return Plan(cfg, head_blocks, splits)
     cfg = attn_config(num_heads, "prefill", cap, smem)
-    return Plan(cfg, triton.cdiv(num_heads, cfg.block_h), 1)
+    head_blocks, splits = splits_for(cfg, 2)
+    return Plan(cfg, head_blocks, splits)
 
 
 class SparseMLAWorkspace:
@@ -395,6 +405,9 @@ def _launch(
     else:
         part_o = part_lse = out  # unused by the kernel when SPLITS == 1
 
+    block_size = kv_cache.shape[1]
+    if block_size & (block_size - 1):
+        raise ValueError(f"kv_cache block size must be a power of two, got {block_size}")
     grid = (num_tokens * splits * p.head_blocks,)
     _sparse_mla_kernel[grid](
         q,
@@ -405,7 +418,6 @@ def _launch(
         part_lse,
         float(scale) * LOG2E,
         kv_cache.shape[0] * kv_cache.shape[1],
-        kv_cache.shape[1],
         q.stride(0),
         q.stride(1),
         kv_cache.stride(0),
@@ -422,6 +434,8 @@ def _launch(
         BLOCK_N=cfg.block_n,
         D_LATENT=D_LATENT,
         D_ROPE=D_ROPE,
+        KV_BLOCK=block_size,
+        FLAT_SLOTS=kv_cache.stride(0) == block_size * kv_cache.stride(1),
         # Triton 3.6's interpreter mis-computes bf16 tl.dot (integer-like garbage); on CPU the
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
