@@ -373,10 +373,14 @@ def bench_indexer(torch, args, copy_tbs, vllm_ops, rows_out):
                                  pct_copy=100 * byts / us / 1e6 / copy_tbs))  # fmt: skip
             for s in sets:  # realistic logits for the top-k
                 paged_mqa_logits((s[0], None), *s[1:5], None, ctx_len, True, out=s[5])
-            kcalls = [(lambda s=s: topk_indices(s[5], TOPK, None, s[3])) for s in sets]
-            _emit(rows_out, dict(base, impl="ours topk (torch.topk)", op="topk",
-                                 us=graph_time_us(torch, kcalls)))  # fmt: skip
             outs = [torch.empty(b, TOPK, dtype=torch.int32, device="cuda") for _ in sets]
+            for impl in ("triton", "torch"):
+                kcalls = [partial(topk_indices, s[5], TOPK, None, s[3], out=o, impl=impl)
+                          for s, o in zip(sets, outs, strict=True)]  # fmt: skip
+                kus = graph_time_us(torch, kcalls)
+                ok = topk_agree(torch, outs[0], sets[0][5], sets[0][3])
+                name = "ours topk (Triton radix)" if impl == "triton" else "topk (torch.topk)"
+                _emit(rows_out, dict(base, impl=name, op="topk", us=kus, agrees=ok))
             if "persistent_topk" in vllm_ops:
                 op = vllm_ops["persistent_topk"]
                 wss = [torch.empty(1 << 20, dtype=torch.uint8, device="cuda") for _ in sets]
@@ -458,7 +462,7 @@ def bench_layer(torch, args, vllm_ops, rows_out):
                 iq, cache, w, ctx, bt, logits, q, top, o, wk = s
                 paged_mqa_logits((iq, None), cache, w, ctx, bt, None, ctx_len, False, out=logits)
                 if vllm_topk is None:
-                    topk_indices(logits, TOPK, None, ctx, out=top)
+                    topk_indices(logits, TOPK, None, ctx, out=top, impl="triton")
                 else:
                     vllm_topk(logits, ctx, top, wk, TOPK, ctx_len)
                 # request-local positions -> global slots (vLLM does this in its own kernel)

@@ -12,7 +12,14 @@ import sys
 from collections.abc import Callable
 
 import torch
-from support.kernel_inputs import SCALE, attn_inputs, mqa_inputs, nan_like, paged_inputs
+from support.kernel_inputs import (
+    SCALE,
+    attn_inputs,
+    mqa_inputs,
+    nan_like,
+    paged_inputs,
+    topk_logits,
+)
 
 F16, BF16 = torch.float16, torch.bfloat16
 
@@ -112,6 +119,33 @@ def run_paged(name: str, device: str) -> dict[str, torch.Tensor]:
     return {"out": out.cpu(), "ref": ref.paged_mqa_logits(q, cache, w, ctx, bt, max_len).cpu()}
 
 
+# Triton radix top-k: name -> (M, N, topk, topk_logits options, row starts, row ends)
+TOPK_CASES: dict[str, tuple] = {
+    "ranges": (6, 300, 64, {}, [0, 10, 0, 50, 299, 100], [100, 200, 0, 300, 300, 300]),
+    "short_rows": (6, 40, 64, {}, None, None),
+    "ties": (5, 5000, 100, {"ties": True}, None, None),  # the threshold bin holds many ties
+    "neg_inf": (5, 400, 128, {"neg_inf": 0.8}, None, [400, 300, 129, 1, 0]),
+    "multi_block": (2, 9000, 2048, {}, [0, 100], [9000, 8190]),  # rows span several steps
+}
+
+
+def run_topk(name: str, device: str) -> dict[str, torch.Tensor]:
+    from vllm_sparse_mla.kernels import topk_indices
+
+    m, n, k, opts, st, en = TOPK_CASES[name.removeprefix("topk_")]
+    logits = topk_logits(m, n, device, **opts)
+    starts = None if st is None else torch.tensor(st, dtype=torch.int32, device=device)
+    ends = None if en is None else torch.tensor(en, dtype=torch.int32, device=device)
+    out = torch.full((m, k), 12345, dtype=torch.int32, device=device)  # poisoned
+    topk_indices(logits, k, starts, ends, out=out, impl="triton")
+    res = {"out": out.cpu(), "logits": logits.cpu(), "k": torch.tensor(k)}
+    if starts is not None:
+        res["starts"] = starts.cpu()
+    if ends is not None:
+        res["ends"] = ends.cpu()
+    return res
+
+
 CASES: dict[str, Callable[[str, str], dict[str, torch.Tensor]]] = {
     **{f"attn_{n}": run_attn for n in ATTN_CASES},
     "mqa_clean": run_mqa,
@@ -120,6 +154,7 @@ CASES: dict[str, Callable[[str, str], dict[str, torch.Tensor]]] = {
     "paged_n1_raw": run_paged,
     "paged_n2_clean": run_paged,
     "paged_n2_ctx2d_clean": run_paged,
+    **{f"topk_{n}": run_topk for n in TOPK_CASES},
 }
 
 

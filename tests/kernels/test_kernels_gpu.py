@@ -182,3 +182,24 @@ def test_paged_mqa_logits_real_shape_and_graph(next_n):
     assert torch.equal(torch.isneginf(out), torch.isneginf(expect))
     fin = torch.isfinite(expect)
     check_close(out[fin], expect[fin], torch.float32)
+
+
+@pytest.mark.parametrize(
+    ("b", "n", "ties"), [(8, 32768, False), (64, 32768, True), (3, 131072, False)]
+)
+def test_triton_topk_real_shape_and_graph(b, n, ties):
+    from support.kernel_inputs import check_topk, topk_logits
+    from vllm_sparse_mla.kernels import topk_indices
+
+    logits = topk_logits(b, n, "cuda", ties=ties, neg_inf=0.01)
+    ends = torch.randint(1, n, (b,), dtype=torch.int32, device="cuda")
+    ends[0] = 100  # shorter than top-k
+    out = torch.empty(b, TOPK, dtype=torch.int32, device="cuda")
+    topk_indices(logits, TOPK, None, ends, out=out, impl="triton")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk_indices(logits, TOPK, None, ends, out=out, impl="triton")
+    out.fill_(12345)
+    graph.replay()
+    torch.cuda.synchronize()
+    check_topk(out.cpu(), logits.cpu(), TOPK, None, ends.cpu())

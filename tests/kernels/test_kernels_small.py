@@ -43,6 +43,13 @@ def test_indexer_logits_match_reference(case_result, request):
         assert torch.equal(torch.isneginf(out), ~valid), "clean_logits: -inf exactly outside range"
 
 
+@pytest.mark.parametrize("case_result", [n for n in CASES if n.startswith("topk_")], indirect=True)
+def test_triton_topk_contract(case_result):
+    """The Triton radix top-k (interpreter on CPU): vLLM's contract, ties, -inf, row ranges."""
+    r = case_result
+    check_topk(r["out"], r["logits"], int(r["k"]), r.get("starts"), r.get("ends"))
+
+
 TOPK_CASES = {
     "ranges": dict(
         m=6, n=300, k=64, starts=[0, 10, 0, 50, 299, 100], ends=[100, 200, 0, 300, 300, 300]
@@ -55,8 +62,8 @@ TOPK_CASES = {
 
 @pytest.mark.parametrize("case", list(TOPK_CASES))
 def test_topk_contract(case):
-    """indexer.topk_indices (CPU: torch ops, no interpreter needed) against the contract, and the
-    sort-based reference against the same contract."""
+    """indexer.topk_indices' torch path (CPU, no interpreter needed) against the contract, and
+    the sort-based reference against the same contract."""
     from vllm_sparse_mla.kernels import reference as ref
     from vllm_sparse_mla.kernels import topk_indices
 
@@ -66,7 +73,7 @@ def test_topk_contract(case):
     logits = topk_logits(m, n, **c)
     st = None if starts is None else torch.tensor(starts, dtype=torch.int32)
     en = None if ends is None else torch.tensor(ends, dtype=torch.int32)
-    got = topk_indices(logits, k, st, en)
+    got = topk_indices(logits, k, st, en, impl="torch")
     check_topk(got, logits, k, st, en)
     check_topk(ref.topk_indices(logits, k, st, en), logits, k, st, en)
     assert (got == -1).any() or case == "ties"

@@ -189,6 +189,14 @@ def launched_configs():
              FP8_DOT=True),
         c.num_warps, c.num_stages, None,
     )  # fmt: skip
+    yield (
+        f"topk_radix K={TOPK} BLOCK={indexer.TOPK_BLOCK}", indexer._topk_radix_kernel,
+        {"logits_ptr": "*fp32", "starts_ptr": "*i32", "ends_ptr": "*i32", "out_ptr": "*i32",
+         "N": 202752, "stride_lm": 202752, "stride_om": TOPK},
+        dict(HAS_STARTS=True, HAS_ENDS=True, TOPK=TOPK, TOPK_PAD=TOPK,
+             BLOCK=indexer.TOPK_BLOCK),
+        8, 2, None,
+    )  # fmt: skip
     c = _configs.PAGED_LOGITS_CONFIG
     for next_n in (1, 2, 4):
         yield (

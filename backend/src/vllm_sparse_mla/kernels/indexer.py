@@ -376,6 +376,94 @@ def paged_mqa_logits_metadata(
     return torch.zeros((num_sms + 1, 2), dtype=torch.int32, device=context_lens.device)
 
 
+@triton.jit
+def _order_key(x):
+    """fp32 -> uint32 with the same order (radix-select key)."""
+    u = x.to(tl.uint32, bitcast=True)
+    return tl.where((u >> 31) != 0, u ^ 0xFFFFFFFF, u | 0x80000000)
+
+
+@triton.jit
+def _topk_radix_kernel(
+    logits_ptr,
+    starts_ptr,
+    ends_ptr,
+    out_ptr,
+    N,
+    stride_lm,
+    stride_om,
+    HAS_STARTS: tl.constexpr,
+    HAS_ENDS: tl.constexpr,
+    TOPK: tl.constexpr,
+    TOPK_PAD: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """One program per row: radix select of the TOPK-th largest key (4 passes of 8 bits:
+    histogram of the keys under the current prefix, threshold bin by suffix count), then one
+    compaction pass writing positions (relative to the row start, unordered) and -1 padding.
+    -inf and NaN are never selected."""
+    i_m = tl.program_id(0).to(tl.int64)
+    lo = 0
+    hi = N
+    if HAS_STARTS:
+        lo = tl.load(starts_ptr + i_m)
+    if HAS_ENDS:
+        hi = tl.minimum(tl.load(ends_ptr + i_m), N)
+    hi = tl.maximum(hi, lo)
+    p_row = logits_ptr + i_m * stride_lm
+    p_out = out_ptr + i_m * stride_om
+    o = tl.arange(0, BLOCK)
+    o_b = tl.arange(0, 256)
+    prefix = tl.zeros([], tl.uint32)
+    rem = tl.full([], TOPK, tl.int32)
+    n_valid = tl.zeros([], tl.int32)
+    for PASS in tl.static_range(4):
+        SHIFT = 24 - 8 * PASS
+        b_hist = tl.zeros([256], tl.int32)
+        for c in range(lo, hi, BLOCK):
+            offs = c + o
+            x = tl.load(p_row + offs, mask=offs < hi, other=float("-inf"))
+            key = _order_key(x)
+            m = (offs < hi) & (x > float("-inf")) & (x == x)
+            if PASS > 0:
+                m = m & ((key >> (SHIFT + 8)) == (prefix >> (SHIFT + 8)))
+            b_hist += tl.histogram(((key >> SHIFT) & 255).to(tl.int32), 256, mask=m)
+        total = tl.sum(b_hist, axis=0)
+        if PASS == 0:
+            n_valid = total
+        suffix = total - tl.cumsum(b_hist, axis=0) + b_hist  # keys in bins >= b
+        b = tl.maximum(tl.max(tl.where(suffix >= rem, o_b, -1), axis=0), 0)
+        rem = rem - tl.sum(tl.where(o_b > b, b_hist, 0), axis=0)
+        prefix = prefix | (b.to(tl.uint32) << SHIFT)
+    # prefix: key of the TOPK-th largest; rem: how many keys equal to it are taken
+    sel_all = n_valid <= TOPK
+    pick_eq = n_valid > TOPK
+    n_gt = tl.zeros([], tl.int32)
+    n_eq = tl.zeros([], tl.int32)
+    base_eq = TOPK - rem
+    for c in range(lo, hi, BLOCK):
+        offs = c + o
+        x = tl.load(p_row + offs, mask=offs < hi, other=float("-inf"))
+        key = _order_key(x)
+        m = (offs < hi) & (x > float("-inf")) & (x == x)
+        gt = m & (sel_all | (key > prefix))
+        eq = m & pick_eq & (key == prefix)
+        gt_i = gt.to(tl.int32)
+        eq_i = eq.to(tl.int32)
+        pos = (offs - lo).to(tl.int32)
+        tl.store(p_out + n_gt + tl.cumsum(gt_i, axis=0) - 1, pos, mask=gt)
+        r_eq = n_eq + tl.cumsum(eq_i, axis=0) - 1
+        tl.store(p_out + base_eq + r_eq, pos, mask=eq & (r_eq < rem))
+        n_gt += tl.sum(gt_i, axis=0)
+        n_eq += tl.sum(eq_i, axis=0)
+    n_sel = tl.minimum(n_valid, TOPK)
+    o_k = tl.arange(0, TOPK_PAD)
+    tl.store(p_out + o_k, tl.full([TOPK_PAD], -1, tl.int32), mask=(o_k >= n_sel) & (o_k < TOPK))
+
+
+TOPK_BLOCK = 4096  # logits per step of the radix top-k
+
+
 def topk_indices(
     logits: torch.Tensor,
     topk: int,
@@ -383,21 +471,54 @@ def topk_indices(
     row_ends: torch.Tensor | None = None,
     *,
     out: torch.Tensor | None = None,
+    impl: str = "auto",
 ) -> torch.Tensor:
     """Top-k key positions per logits row, vLLM's ``top_k_per_row_*`` contract.
 
     logits [M, N] float32; keys considered: [row_starts[m], row_ends[m]) (whole row when None).
-    Returns int32 [M, topk] (``out`` if given): positions relative to row_starts, in descending
-    logit order, -1 where the row has fewer than topk valid keys. For paged decode pass
-    row_ends = each row's key limit. torch.topk based, no host sync (CUDA-graph safe).
+    Returns int32 [M, topk] (``out`` if given): positions relative to row_starts of the topk
+    largest finite logits, -1 where the row has fewer than topk valid keys (-inf never counts).
+    For paged decode pass row_ends = each row's key limit. No host sync (CUDA-graph safe).
+    impl: "triton" (radix select, ``_topk_radix_kernel``; positions unordered), "torch"
+    (torch.topk; descending order), "auto" = triton on CUDA tensors, torch otherwise.
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [M, N], got {tuple(logits.shape)}")
+    if impl not in ("auto", "triton", "torch"):
+        raise ValueError(f"impl must be 'auto', 'triton' or 'torch', got {impl!r}")
     m, n = logits.shape
+    if topk < 1:
+        raise ValueError(f"topk must be >= 1, got {topk}")
     if out is None:
         out = torch.empty((m, topk), dtype=torch.int32, device=logits.device)
-    elif out.shape != (m, topk) or out.dtype != torch.int32:
+    elif out.shape != (m, topk) or out.dtype != torch.int32 or out.stride(1) != 1:
         raise ValueError(f"out must be [{m}, {topk}] int32")
+    for name, t in (("row_starts", row_starts), ("row_ends", row_ends)):
+        if t is not None and (t.dtype != torch.int32 or t.numel() != m):
+            raise ValueError(f"{name} must be int32 with {m} entries")
+    if impl == "auto":
+        impl = "triton" if logits.is_cuda else "torch"
+    if impl == "triton":
+        if logits.dtype != torch.float32 or logits.stride(1) != 1:
+            raise TypeError("the Triton top-k needs float32 logits with a contiguous last dim")
+        if m == 0:
+            return out
+        _topk_radix_kernel[(m,)](
+            logits,
+            logits if row_starts is None else row_starts.reshape(-1).contiguous(),
+            logits if row_ends is None else row_ends.reshape(-1).contiguous(),
+            out,
+            n,
+            logits.stride(0),
+            out.stride(0),
+            HAS_STARTS=row_starts is not None,
+            HAS_ENDS=row_ends is not None,
+            TOPK=topk,
+            TOPK_PAD=triton.next_power_of_2(topk),
+            BLOCK=TOPK_BLOCK,
+            num_warps=8,
+        )
+        return out
     neg = float("-inf")
     col = torch.arange(n, device=logits.device, dtype=torch.int32)[None, :]
     masked = logits
