@@ -480,7 +480,8 @@ def topk_indices(
     largest finite logits, -1 where the row has fewer than topk valid keys (-inf never counts).
     For paged decode pass row_ends = each row's key limit. No host sync (CUDA-graph safe).
     impl: "triton" (radix select, ``_topk_radix_kernel``; positions unordered), "torch"
-    (torch.topk; descending order), "auto" = triton on CUDA tensors, torch otherwise.
+    (torch.topk; descending order), "auto" = torch (the Triton kernel passed the interpreter and
+    the sm_120 compile but has not yet been timed or run on a GPU).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [M, N], got {tuple(logits.shape)}")
@@ -497,7 +498,7 @@ def topk_indices(
         if t is not None and (t.dtype != torch.int32 or t.numel() != m):
             raise ValueError(f"{name} must be int32 with {m} entries")
     if impl == "auto":
-        impl = "triton" if logits.is_cuda else "torch"
+        impl = "torch"
     if impl == "triton":
         if logits.dtype != torch.float32 or logits.stride(1) != 1:
             raise TypeError("the Triton top-k needs float32 logits with a contiguous last dim")
