@@ -340,14 +340,23 @@ def cluster() -> Iterator[Cluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def _ray_status(c: Cluster) -> str:
-    proc = c.in_host(
-        HOSTS[0], c.ray_venv / "bin/ray", "status", "--address", f"{c.ip[HOSTS[0]]}:6379"
-    )
-    return proc.stdout + proc.stderr
+def _ray_status(c: Cluster, nodes: int = len(HOSTS), tries: int = 30) -> str:
+    # ray.nodes() (what the role waits on) sees a node before the autoscaler's report in
+    # `ray status` does; on a 2-core machine that report lags by seconds. Poll, bounded.
+    for _ in range(tries):
+        proc = c.in_host(
+            HOSTS[0], c.ray_venv / "bin/ray", "status", "--address", f"{c.ip[HOSTS[0]]}:6379"
+        )
+        out = proc.stdout + proc.stderr
+        if "Active:" in out and _active_nodes(out) >= nodes:
+            return out
+        time.sleep(2)
+    return out
 
 
 def _active_nodes(status: str) -> int:
+    if "Active:" not in status:
+        return 0
     active = status.split("Active:", 1)[1].split("Pending:", 1)[0]
     return len(re.findall(r"^\s*1 node_[0-9a-f]+$", active, re.M))
 
