@@ -2,10 +2,10 @@
 # The end-to-end run on a GPU machine (issue 8), after tests/e2e/device_stage.sh has installed the
 # staged vLLM 0.23.0 into $SITE. Runs in the repository root. One step or all of them:
 #
-#   ckpt     build a tiny random-weight GLM-5 HF checkpoint: tests/e2e/tiny_ckpt.py (no MTP
-#            layer; lm_head rows of the special tokens zero, so sampled text never stops at
-#            once and the smoke client's non-empty checks cannot fail by chance), or
-#            scripts/tiny_glm5.py with CKPT_BUILDER=scripts
+#   ckpt     build a tiny random-weight GLM-5 HF checkpoint: tests/support/tiny_glm5.py --serve
+#            (no MTP layer; lm_head rows of the special tokens zero, so sampled text never stops
+#            at once and the smoke client's non-empty checks cannot fail by chance), or the
+#            patch proof's model (with its MTP layer) with CKPT_BUILDER=proof
 #   convert  llama.cpp's convert_hf_to_gguf.py: quantised ($OUTTYPE) and split into shards
 #            (--split-max-tensors, llama.cpp's -NNNNN-of-MMMMM.gguf naming)
 #   merge    scripts/gguf_merge.py SHARD MERGED; the tensor count checked with gguf-py
@@ -26,7 +26,7 @@
 # Environment (defaults): OUT (./e2e-out), WORK (/tmp/e2e), SITE (/tmp/site), SMOKE_SITE
 #   (/tmp/smoke-site), PY (python3), LLAMA_CPP ($WORK/llama_cpp), PORT (8000), DEADLINE (570 s for
 #   one invocation: steps that would start later are skipped), SERVE_TIMEOUT (420 s),
-#   CKPT_BUILDER (e2e|scripts|auto: scripts/tiny_glm5.py when present), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
+#   CKPT_BUILDER (e2e|proof), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
 #   serve flags), SMOKE_ARGS, SMOKE_BASE_URL (http://127.0.0.1:$PORT/v1), PLUGIN_INSTALL
 #   (a command replacing the pip install of ./backend).
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
@@ -106,17 +106,18 @@ api_key() {
 
 step_ckpt() {
   x rm -rf "$CKPT"
-  local builder=tests/e2e/tiny_ckpt.py
-  if [ "$CKPT_BUILDER" = scripts ] || { [ "$CKPT_BUILDER" = auto ] && [ -f scripts/tiny_glm5.py ]; }; then
-    builder=scripts/tiny_glm5.py
-  fi
-  xl ckpt.log "$PY" "$builder" --out "$CKPT" --seed 0 || return 1
+  local flavor=--serve
+  if [ "$CKPT_BUILDER" = proof ]; then flavor=--mtp-layers=1; fi
+  # tests/ holds the builder package (support); $PYTHONPATH the staged torch/tokenizers.
+  xl ckpt.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.tiny_glm5 \
+    --out "$CKPT" --seed 0 "$flavor" || return 1
   [ "$DRY_RUN" = 1 ] || ls -la "$CKPT" | tee -a "$LOGS/ckpt.log"
 }
 
 step_convert() {
   x rm -rf "$GGUF_DIR" && x mkdir -p "$GGUF_DIR"
-  xl convert.log "$PY" tests/e2e/convert_gguf.py --llama-cpp "$LLAMA_CPP" -- "$CKPT" \
+  xl convert.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.llama_cpp convert \
+    --llama-cpp "$LLAMA_CPP" -- "$CKPT" \
     --outtype "$OUTTYPE" --outfile "$GGUF_DIR/$STEM.gguf" --split-max-tensors "$SPLIT_TENSORS" \
     || return 1
   [ "$DRY_RUN" = 1 ] && return 0

@@ -3,7 +3,7 @@
 One command, run on a GPU machine (the H200 test machine: compute capability 9.0, which the
 backend accepts so vLLM's own FLASHMLA_SPARSE can serve as the reference):
 
-    python3 tests/e2e/plugin_proof.py OUTDIR [--site /tmp/site]
+    PYTHONPATH=tests python3 -m e2e.plugin_proof OUTDIR [--site /tmp/site]
 
 ``--site DIR`` first installs the plugin there (``pip install --no-deps --no-build-isolation
 --target DIR backend/``) and applies patches/vllm-0.23.0/0010-*.patch to DIR/vllm if it is not
@@ -12,7 +12,8 @@ PYTHONPATH. Writes OUTDIR/proof.json (every run and every check), OUTDIR/proof.l
 and OUTDIR/<group>.log (vLLM's output per worker process). Exit 0 when every check passes, 1 when
 one fails, 2 on usage errors.
 
-Model: tests/e2e/models/tiny-glm5-dsa (GLM-5 attention geometry: 8 heads, kv_lora 512, rope 64,
+Models: written config-only into OUTDIR/models/ by tests/support/tiny_glm5.py (MODELS below):
+tiny-glm5-dsa (GLM-5 attention geometry: 8 heads, kv_lora 512, rope 64,
 qk_nope 192, v 256; indexer 32 heads x 128, index_topk 128; 3 layers, 8 experts), loaded with
 ``load_format="dummy"``; its weights are then re-drawn in place from a per-parameter seed (crc32
 of the name) at useful scales (vLLM's dummy weights are +-1e-3, which makes every attention
@@ -47,8 +48,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from support import tiny_glm5
+
 REPO = Path(__file__).resolve().parents[2]
-MODELS = Path(__file__).resolve().parent / "models"
+# name -> support.tiny_glm5.config() options; no MTP layer (the proof serves the trunk only).
+MODELS: dict[str, dict[str, Any]] = {
+    "tiny-glm5-dsa": {"mtp_layers": 0},
+    "tiny-glm5-dsa-topk2048": {"mtp_layers": 0, "index_topk": 2048},
+    "tiny-dsv3-dense": {"mtp_layers": 0, "arch": "deepseek_v3"},
+}
 PATCH = REPO / "patches/vllm-0.23.0/0010-deep-gemm-oot-mqa-logits.patch"
 
 SEED = 0
@@ -161,7 +169,7 @@ def _prompts(n: int, length: int, salt: int) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(length)] for _ in range(n)]
 
 
-def _run_one(spec: tuple, log: Any) -> dict[str, Any]:
+def _run_one(spec: tuple, models: Path, log: Any) -> dict[str, Any]:
     import torch
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig
@@ -182,8 +190,8 @@ def _run_one(spec: tuple, log: Any) -> dict[str, Any]:
         )
     t0 = time.perf_counter()
     llm = LLM(
-        model=str(MODELS / model),
-        tokenizer=str(MODELS / model),
+        model=str(models / model),
+        tokenizer=str(models / model),
         dtype=dtype,
         load_format="dummy",
         seed=SEED,
@@ -267,7 +275,7 @@ def worker(group: str, out: Path) -> int:
     results: dict[str, Any] = {"group": group, "runs": {}, "errors": {}}
     for spec in GROUPS[group]["runs"]:
         try:
-            results["runs"][spec[0]] = _run_one(spec, sys.stdout)
+            results["runs"][spec[0]] = _run_one(spec, out.parent / "models", sys.stdout)
         except Exception as exc:  # keep going: later runs and checks still say something
             import traceback
 
@@ -279,6 +287,12 @@ def worker(group: str, out: Path) -> int:
 
 # ----------------------------------------------------------------------------------------------
 # Driver side: no vLLM import.
+
+
+def write_models(root: Path) -> None:
+    """The proof's config-only models (vLLM draws dummy weights; _reinit_weights redraws them)."""
+    for name, options in MODELS.items():
+        tiny_glm5.write_model_dir(root / name, tiny_glm5.config(**options))
 
 
 def compare(run: dict[str, Any], ref: dict[str, Any], tol: float) -> dict[str, Any]:
@@ -390,7 +404,7 @@ def _apply_hunks(patch: str, target: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="example: PYTHONPATH=/tmp/site python3 tests/e2e/plugin_proof.py /tmp/proof "
+        epilog="example: PYTHONPATH=/tmp/site:tests python3 -m e2e.plugin_proof /tmp/proof "
         "--site /tmp/site",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -407,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args.worker, args.outdir)
 
     args.outdir.mkdir(parents=True, exist_ok=True)
+    if not args.evaluate:
+        write_models(args.outdir / "models")
     with open(args.outdir / "proof.log", "w") as log:
         if args.site and not args.evaluate:
             _install(args.site, log)
@@ -420,6 +436,10 @@ def main(argv: list[str] | None = None) -> int:
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: apply_model + cleanup
                 "VLLM_USE_FLASHINFER_SAMPLER": "0",
                 "PYTHONUNBUFFERED": "1",
+                # the worker imports this module as e2e.plugin_proof (tests/ is its root)
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p
+                ),
             }
             result_file = args.outdir / f"{group}.json"
             if args.evaluate:
@@ -430,7 +450,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             with open(args.outdir / f"{group}.log", "w") as group_log:
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--worker", group, str(result_file)],
+                    [sys.executable, "-m", "e2e.plugin_proof", "--worker", group,
+                     str(result_file)],
                     env=env, stdout=group_log, stderr=subprocess.STDOUT, check=False,
                 )  # fmt: skip
             print(f"group {group}: exit {proc.returncode}, "

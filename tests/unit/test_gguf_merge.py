@@ -13,7 +13,7 @@ import gguf_merge
 import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from gguf_fixtures import (
+from support.gguf_fixtures import (
     Q,
     Tensor,
     assert_merged_matches,

@@ -23,7 +23,7 @@ from pathlib import Path
 import gguf_merge
 import pytest
 from gguf import GGUFValueType
-from gguf_fixtures import glm_dsa_tensors, llama_split_keys, write_split
+from support.gguf_fixtures import glm_dsa_tensors, llama_split_keys, write_split
 
 SCRIPT = Path(gguf_merge.__file__)
 U16, I32, U32 = GGUFValueType.UINT16, GGUFValueType.INT32, GGUFValueType.UINT32
@@ -241,7 +241,7 @@ def test_duplicate_tensor_across_shards(dirs, capsys):
 )
 def test_bad_alignment(dirs, capsys, value, vtype, problem):
     in_dir, out_dir = dirs
-    from gguf_fixtures import glm_dsa_metadata
+    from support.gguf_fixtures import glm_dsa_metadata
 
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", value, vtype)])
     _merge_fails(
@@ -253,7 +253,7 @@ def test_bad_alignment(dirs, capsys, value, vtype, problem):
 def test_alignment_declared_only_in_shard_one(dirs, capsys):
     """gguf-py's splitter lays every shard out at 64 but declares it only in shard 1."""
     in_dir, out_dir = dirs
-    from gguf_fixtures import glm_dsa_metadata
+    from support.gguf_fixtures import glm_dsa_metadata
 
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", 64, U32)])
     _merge_fails(

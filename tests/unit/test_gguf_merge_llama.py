@@ -12,15 +12,20 @@ import gguf_merge
 import gguf_split
 import pytest
 from gguf import GGUFValueType, GGUFWriter
-from gguf_fixtures import Q, assert_merged_matches, glm_dsa_metadata, glm_dsa_tensors, write_split
+from support.gguf_fixtures import (
+    Q,
+    assert_merged_matches,
+    glm_dsa_metadata,
+    glm_dsa_tensors,
+    write_split,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def llama_gguf_split() -> Path:
-    # tests/ is on sys.path (conftest.py's directory), so the helper package is `tools`
-    from tools.llama_cpp import gguf_split_binary
+    from support.llama_cpp import gguf_split_binary
 
     return gguf_split_binary()
 

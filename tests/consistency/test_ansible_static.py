@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 import yaml
-from deploy_helpers import REPO, VENV_BIN, make
+from support.deploy import REPO, VENV_BIN, make
 
 ROLES = sorted(p.name for p in (REPO / "playbooks/roles").iterdir() if p.is_dir())
 PLAYBOOKS = ["site.yml", "verify.yml", "smoke.yml"]
