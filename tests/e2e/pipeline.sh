@@ -26,7 +26,8 @@
 # Environment (defaults): OUT (./e2e-out), WORK (/tmp/e2e), SITE (/tmp/site), SMOKE_SITE
 #   (/tmp/smoke-site), PY (python3), LLAMA_CPP ($WORK/llama_cpp), PORT (8000), DEADLINE (570 s for
 #   one invocation: steps that would start later are skipped), SERVE_TIMEOUT (420 s),
-#   CKPT_BUILDER (e2e|proof), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
+#   CKPT_BUILDER (e2e|proof), INDEXER (auto|triton|deepgemm: the plugin's sparse_mla_indexer,
+#   sent as --additional-config), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
 #   serve flags), SMOKE_ARGS, SMOKE_BASE_URL (http://127.0.0.1:$PORT/v1), PLUGIN_INSTALL
 #   (a command replacing the pip install of ./backend).
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
@@ -64,6 +65,7 @@ CKPT_BUILDER=${CKPT_BUILDER:-e2e}
 OUTTYPE=${OUTTYPE:-q8_0}
 SPLIT_TENSORS=${SPLIT_TENSORS:-20}
 SERVE_EXTRA=${SERVE_EXTRA:-}
+INDEXER=${INDEXER:-auto}
 SMOKE_ARGS=${SMOKE_ARGS:---requests 16 --concurrency 8 --max-tokens 64}
 SMOKE_BASE_URL=${SMOKE_BASE_URL:-http://127.0.0.1:$PORT/v1}
 MODEL_NAME=${MODEL_NAME:-glm5-tiny}
@@ -182,7 +184,7 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
     --host 127.0.0.1 --port "$PORT" --served-model-name "$MODEL_NAME" --max-model-len "$mml"
     --max-num-seqs 32 --gpu-memory-utilization 0.3)
   # shellcheck disable=SC2206  # SERVE_EXTRA is a list of flags
-  cmd+=($SERVE_EXTRA)
+  cmd+=(--additional-config "{\"sparse_mla_indexer\": \"$INDEXER\"}" $SERVE_EXTRA)
   printf '+ setsid'; printf ' %q' "${cmd[@]}"; printf ' > %s 2>&1 &\n' "$LOGS/server.log"
   [ "$DRY_RUN" = 1 ] && return 0
   date +%s > "$WORK/server.started"

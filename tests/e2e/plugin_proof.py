@@ -20,13 +20,14 @@ of the name) at useful scales (vLLM's dummy weights are +-1e-3, which makes ever
 pattern look alike), identically in every run and for every dtype. Prompts are 4 x 300 random
 token ids (> index_topk, so attention is truly sparse), greedy, 24 new tokens, ignore_eos.
 
-Runs (two worker processes; the indexer mode is fixed per process by SPARSE_MLA_INDEXER):
-- group ``vllm_indexer`` (SPARSE_MLA_INDEXER=deepgemm: vLLM's own DeepGEMM indexer on sm90):
+Runs (two worker processes, one per indexer choice, passed to every engine of the group as
+``additional_config={"sparse_mla_indexer": ...}``, what ``vllm serve --additional-config`` sets):
+- group ``vllm_indexer`` (sparse_mla_indexer=deepgemm: vLLM's own DeepGEMM indexer on sm90):
   ref_flashmla_bf16 (FLASHMLA_SPARSE, the reference), custom_bf16_dg (CUSTOM: our attention
   only), custom_bf16_topk2048 + triton_mla_bf16_dense (index_topk 2048 >= context vs the dense
   TRITON_MLA backend on the same weights, model tiny-dsv3-dense), triton_mla_fp16_dense_graphs
   (decode throughput of vLLM's dense Triton MLA with CUDA graphs).
-- group ``sm120_indexer`` (SPARSE_MLA_INDEXER=triton: our Triton MQA-logits kernels, the SM120
+- group ``sm120_indexer`` (sparse_mla_indexer=triton: our Triton MQA-logits kernels, the SM120
   path, forced on this GPU): custom_bf16, custom_fp16 (eager), custom_fp16_graphs (full CUDA
   graphs for decode, FULL_DECODE_ONLY; same results as eager; decode throughput).
 
@@ -66,7 +67,7 @@ TOL_16BIT = 0.1  # a greedy divergence where the reference's top two are this cl
 
 GROUPS: dict[str, dict[str, Any]] = {
     "vllm_indexer": {
-        "env": {"SPARSE_MLA_INDEXER": "deepgemm"},
+        "indexer": "deepgemm",
         "runs": [
             ("ref_flashmla_bf16", "tiny-glm5-dsa", "bfloat16", "FLASHMLA_SPARSE", False, False),
             ("custom_bf16_dg", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False),
@@ -83,7 +84,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         ],
     },
     "sm120_indexer": {
-        "env": {"SPARSE_MLA_INDEXER": "triton"},
+        "indexer": "triton",
         "runs": [
             ("custom_bf16", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False),
             ("custom_fp16", "tiny-glm5-dsa", "float16", "CUSTOM", False, False),
@@ -169,7 +170,7 @@ def _prompts(n: int, length: int, salt: int) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(length)] for _ in range(n)]
 
 
-def _run_one(spec: tuple, models: Path, log: Any) -> dict[str, Any]:
+def _run_one(spec: tuple, indexer: str, models: Path, log: Any) -> dict[str, Any]:
     import torch
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig
@@ -200,6 +201,7 @@ def _run_one(spec: tuple, models: Path, log: Any) -> dict[str, Any]:
         max_model_len=1024,
         max_num_seqs=32,
         max_num_batched_tokens=2048,
+        additional_config={"sparse_mla_indexer": indexer},
         enable_prefix_caching=False,
         gpu_memory_utilization=0.2,
         kv_cache_memory_bytes=2 << 30,
@@ -275,7 +277,8 @@ def worker(group: str, out: Path) -> int:
     results: dict[str, Any] = {"group": group, "runs": {}, "errors": {}}
     for spec in GROUPS[group]["runs"]:
         try:
-            results["runs"][spec[0]] = _run_one(spec, out.parent / "models", sys.stdout)
+            indexer = GROUPS[group]["indexer"]
+            results["runs"][spec[0]] = _run_one(spec, indexer, out.parent / "models", sys.stdout)
         except Exception as exc:  # keep going: later runs and checks still say something
             import traceback
 
@@ -432,7 +435,6 @@ def main(argv: list[str] | None = None) -> int:
         for group in args.group or list(GROUPS):
             env = {
                 **os.environ,
-                **GROUPS[group]["env"],
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: apply_model + cleanup
                 "VLLM_USE_FLASHINFER_SAMPLER": "0",
                 "PYTHONUNBUFFERED": "1",

@@ -71,6 +71,7 @@ def test_dry_run_shows_the_fixed_interfaces(tmp_path: Path) -> None:
         f"serve {merged} --hf-config-path {work}/ckpt --tokenizer {work}/ckpt",
         "--dtype float16",
         "--attention-backend CUSTOM",
+        '--additional-config \\{\\"sparse_mla_indexer\\":\\ \\"auto\\"\\}',
         "--api-key KEY",
         "--host 127.0.0.1",
     ):

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from support import tiny_glm5
 from support.plugin import REPO, result_of, run_python
 
 pytestmark = pytest.mark.runtime
@@ -48,8 +49,11 @@ def installed_plugin(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def selection(installed_plugin: Path) -> dict:
-    return result_of(run_python([SCRIPT], pythonpath=[installed_plugin]))
+def selection(installed_plugin: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    model = tiny_glm5.write_model_dir(
+        tmp_path_factory.mktemp("tiny-glm5"), tiny_glm5.config(mtp_layers=0)
+    )
+    return result_of(run_python([SCRIPT, str(model)], pythonpath=[installed_plugin]))
 
 
 def test_without_plugin_fp16_sparse_mla_fails_with_the_seed_error(selection: dict) -> None:
@@ -82,3 +86,15 @@ def test_custom_selects_our_backend_after_the_entry_point_loaded(selection: dict
 def test_automatic_selection_still_needs_the_flag(selection: dict) -> None:
     # CUSTOM is in no priority list: the service must pass --attention-backend CUSTOM.
     assert selection["auto_fp16_after"] == selection["auto_fp16_before"]
+
+
+def test_serve_additional_config_reaches_the_backend_impl(selection: dict) -> None:
+    """The role's --additional-config, through vLLM's parser and config, to what the impl reads."""
+    for value in ("auto", "deepgemm"):
+        assert selection[f"serve_indexer_{value}"] == {
+            "additional_config": {"sparse_mla_indexer": value},
+            "indexer": value,
+        }
+    assert selection["serve_indexer_cuda"] == {
+        "error": "additional_config sparse_mla_indexer='cuda' is not one of auto, triton, deepgemm"
+    }
