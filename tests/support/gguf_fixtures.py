@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf_split
+import gguf_format
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
@@ -270,7 +270,7 @@ def assert_merged_matches(merged: Path, shards: list[Path], tensors, alignment: 
     raw = merged.read_bytes()
     for rt in out.tensors:
         end = rt.data_offset + rt.n_bytes
-        assert raw[end : gguf_split.pad(end, alignment)] == bytes(
-            gguf_split.pad(end, alignment) - end
+        assert raw[end : gguf_format.pad(end, alignment)] == bytes(
+            gguf_format.pad(end, alignment) - end
         )
-    assert len(raw) == gguf_split.pad(len(raw), alignment)
+    assert len(raw) == gguf_format.pad(len(raw), alignment)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import gguf_format
 import gguf_merge
-import gguf_split
 import pytest
 from gguf import GGUFValueType, GGUFWriter
 from support.gguf_fixtures import (
@@ -84,5 +84,5 @@ def test_alignment_64_is_honoured_where_llama_gguf_split_breaks_it(tmp_path, lla
     ours, theirs = _both(llama_gguf_split, shards, tmp_path)
     assert ours != theirs
     assert_merged_matches(tmp_path / "ours.gguf", shards, tensors, 64)
-    with pytest.raises(gguf_split.ShardError, match=r"expected \d+ \(tensor data must be contig"):
-        gguf_split.read_header(tmp_path / "llama.gguf")
+    with pytest.raises(gguf_format.ShardError, match=r"expected \d+ \(tensor data must be contig"):
+        gguf_format.read_header(tmp_path / "llama.gguf")
