@@ -16,7 +16,7 @@
 #            --attention-backend CUSTOM --api-key KEY, CUDA graphs on, in the background
 #   health   wait (bounded) for /health
 #   smoke    scripts/smoke_test.py against the server -> $OUT/smoke.json
-#   probe    scripts/probe_backends.py (capability detected, and 12.0), after the server has
+#   backends scripts/probe_backends.py (capability detected, and 12.0), after the server has
 #            started: a second CUDA process during vLLM's memory profiling can fail its start
 #   stop     stop the server
 # Every invocation ends with a report: $OUT/summary.json (step times and statuses, failure
@@ -33,7 +33,7 @@
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
 set -uo pipefail
 
-STEPS=(ckpt convert merge repro patch serve health smoke probe stop)
+STEPS=(ckpt convert merge repro patch serve health smoke backends stop)
 CRITICAL=" ckpt convert merge patch serve health "   # a failure here skips the later steps
 
 usage() { sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -198,21 +198,21 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
   say "server pid $(cat "$PIDFILE")"
 }
 
-step_probe() {
+step_backends() {
   local common=(--dtype float16 --head-size 576 --sparse --kv-cache-dtype auto --block-size 64)
-  x "$PY" scripts/probe_backends.py "${common[@]}" ">" "$LOGS/probe_detected.txt" "&"
-  x "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" ">" "$LOGS/probe_cc12.txt"
+  x "$PY" scripts/probe_backends.py "${common[@]}" ">" "$LOGS/backends_detected.txt" "&"
+  x "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" ">" "$LOGS/backends_cc12.txt"
   [ "$DRY_RUN" = 1 ] && return 0
-  "$PY" scripts/probe_backends.py "${common[@]}" > "$LOGS/probe_detected.txt" 2>&1 &
+  "$PY" scripts/probe_backends.py "${common[@]}" > "$LOGS/backends_detected.txt" 2>&1 &
   local p1=$!
-  "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" > "$LOGS/probe_cc12.txt" 2>&1
+  "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" > "$LOGS/backends_cc12.txt" 2>&1
   local r2=$?
   wait "$p1"; local r1=$?
   { echo "## probe_backends.py ${common[*]} (capability detected), exit $r1"
-    cat "$LOGS/probe_detected.txt"
+    cat "$LOGS/backends_detected.txt"
     echo; echo "## probe_backends.py --capability 12.0 ${common[*]}, exit $r2"
-    cat "$LOGS/probe_cc12.txt"; } > "$OUT/probe.txt"
-  cat "$OUT/probe.txt"
+    cat "$LOGS/backends_cc12.txt"; } > "$OUT/backends.txt"
+  cat "$OUT/backends.txt"
   [ "$r1" = 0 ] && [ "$r2" = 0 ]
 }
 

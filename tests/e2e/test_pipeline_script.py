@@ -24,7 +24,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PIPELINE = HERE / "pipeline.sh"
 DEVICE_STAGE = HERE / "device_stage.sh"
-STEPS = ["ckpt", "convert", "merge", "repro", "patch", "serve", "health", "smoke", "probe", "stop"]
+STEPS = [
+    "ckpt", "convert", "merge", "repro", "patch", "serve", "health", "smoke", "backends", "stop"
+]  # fmt: skip
 
 
 def run(args: list[str], env: dict[str, str] | None = None, cwd: Path = REPO):

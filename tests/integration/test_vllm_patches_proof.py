@@ -3,7 +3,7 @@
 A tiny GLM-5-architecture checkpoint (tests/support/tiny_glm5.py) is converted to a Q8_0 GGUF by
 llama.cpp's own convert_hf_to_gguf.py. The installed vLLM is only read; the patched run uses a
 copy of it (a symlink farm of the package with the touched files copied, then patched by
-scripts/vllm_patches.py). vLLM runs in subprocesses (tests/support/vllm_probe.py) so that each
+scripts/vllm_patches.py). vLLM runs in subprocesses (tests/support/vllm_gguf_load.py) so that each
 run imports the vllm/ it is meant to.
 
 K-quants: the converter writes only f32/f16/bf16/q8_0/tq1_0/tq2_0 and gguf-py 0.18 cannot quantize
@@ -28,7 +28,7 @@ from support import llama_cpp, tiny_glm5
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 # Run by file path in a child whose PYTHONPATH is only the vLLM under test (pristine or patched).
-VLLM_PROBE = Path(support.__file__).with_name("vllm_probe.py")
+VLLM_GGUF_LOAD = Path(support.__file__).with_name("vllm_gguf_load.py")
 
 
 def installed_vllm() -> Path:
@@ -50,13 +50,13 @@ def symlink_farm(src: Path, dest: Path, copies: list[str]) -> None:
         shutil.copy2(src.parent / path, target)
 
 
-def probe(mode: str, gguf: Path, hf: Path, out: Path, pythonpath: Path | None) -> dict:
+def load_in_vllm(mode: str, gguf: Path, hf: Path, out: Path, pythonpath: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": ""}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     res = subprocess.run(
-        [sys.executable, str(VLLM_PROBE), mode, str(gguf), str(hf), str(out)],
+        [sys.executable, str(VLLM_GGUF_LOAD), mode, str(gguf), str(hf), str(out)],
         env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
@@ -82,8 +82,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {
         "hf": hf,
         "gguf": gguf,
-        "pristine": probe("pristine", gguf, hf, tmp / "pristine.json", None),
-        "patched": probe("patched", gguf, hf, tmp / "patched.json", site),
+        "pristine": load_in_vllm("pristine", gguf, hf, tmp / "pristine.json", None),
+        "patched": load_in_vllm("patched", gguf, hf, tmp / "patched.json", site),
     }
 
 
