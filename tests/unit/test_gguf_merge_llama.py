@@ -11,12 +11,10 @@ from pathlib import Path
 import gguf_format
 import gguf_merge
 import pytest
-from gguf import GGUFValueType, GGUFWriter
 from support.gguf_fixtures import (
-    Q,
     assert_merged_matches,
-    glm_dsa_metadata,
     glm_dsa_tensors,
+    write_native_split,
     write_split,
 )
 
@@ -56,22 +54,7 @@ def test_identical_to_llama_gguf_split(tmp_path, llama_gguf_split, n_shards, met
 
 def test_identical_for_gguf_writer_native_split(tmp_path, llama_gguf_split):
     (tmp_path / "in").mkdir()
-    tensors = glm_dsa_tensors(seed=11)
-    w = GGUFWriter(
-        tmp_path / "in" / "native.gguf", "glm-dsa", split_max_tensors=40, small_first_shard=True
-    )
-    for key, value, vtype in glm_dsa_metadata()[1:]:
-        sub = GGUFValueType.STRING if key.endswith(("tokens", "merges", "tags")) else None
-        w.add_key_value(key, value, vtype, sub)
-    for t in tensors:
-        w.add_tensor(
-            t.name, t.data, raw_dtype=None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type
-        )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shards = sorted((tmp_path / "in").glob("native-*-of-*.gguf"))
+    shards = write_native_split(tmp_path / "in" / "native.gguf", glm_dsa_tensors(seed=11), 40)
     ours, theirs = _both(llama_gguf_split, shards, tmp_path)
     assert ours == theirs
 
