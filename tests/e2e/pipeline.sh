@@ -148,7 +148,8 @@ step_repro() {
     xl repro.log "$PY" scripts/vllm_patches.py revert --site-packages "$SITE" || return 1
     xl repro.log "$PY" scripts/vllm_patches.py status --site-packages "$SITE"
   fi
-  xl repro.log env VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" tests/e2e/repro_failures.py \
+  xl repro.log env VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH="tests:$PYTHONPATH" \
+    "$PY" -m e2e.repro_failures \
     --gguf "$MERGED" --hf-dir "$CKPT" --json "$OUT/failures.json" --log-dir "$LOGS"
 }
 

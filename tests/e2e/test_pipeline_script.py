@@ -64,7 +64,7 @@ def test_dry_run_shows_the_fixed_interfaces(tmp_path: Path) -> None:
     assert f"-m support.llama_cpp convert --llama-cpp {work}/llama_cpp -- {work}/ckpt" in out
     assert "--outtype q8_0" in out and "--split-max-tensors 20" in out
     assert f"scripts/gguf_merge.py --no-progress {work}/gguf/tiny-glm5-Q8_0-00001-of-" in out
-    assert f"tests/e2e/repro_failures.py --gguf {merged} --hf-dir {work}/ckpt" in out
+    assert f"-m e2e.repro_failures --gguf {merged} --hf-dir {work}/ckpt" in out
     assert "scripts/vllm_patches.py apply --site-packages /tmp/site" in out
     assert "scripts/vllm_patches.py verify --site-packages /tmp/site" in out
     assert "--target /tmp/site ./backend" in out

@@ -304,41 +304,24 @@ def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
     assert any(auth is None for _, _, auth in server.requests)  # the 401 check ran
 
 
+def _fab(env: dict[str, str], *task: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(VENV_BIN / "fab"), "-H", HOST, *task],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
 def test_fabric_status_and_verify_against_the_same_sshd(target: dict) -> None:
     env = dict(os.environ, GLM5_INVENTORY=str(target["inventory"]))
-    status = subprocess.run(
-        [str(VENV_BIN / "fab"), "-H", HOST, "status"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    status = _fab(env, "status")
     assert status.returncode == 0, status.stdout + status.stderr
     port = target["vars"]["vllm_service_port"]
     assert f"== {HOST}" in status.stdout
     assert "gpu:     no nvidia-smi" in status.stdout
     assert "driver:  not loaded" in status.stdout
     assert f"health:  http://127.0.0.1:{port}/health down" in status.stdout
-    logs = subprocess.run(
-        [str(VENV_BIN / "fab"), "-H", HOST, "logs", "--lines", "5"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    logs = _fab(env, "logs", "--lines", "5")
     assert logs.returncode == 0 and f"== {HOST}" in logs.stdout
-    verify = subprocess.run(
-        [str(VENV_BIN / "fab"), "-H", HOST, "verify"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    verify = _fab(env, "verify", timeout=600)
     assert verify.returncode == 0, verify.stdout[-4000:] + verify.stderr
     assert f"{HOST}" in verify.stdout and "failed=0" in verify.stdout

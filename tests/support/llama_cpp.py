@@ -27,7 +27,6 @@ Exit codes (convert): the converter's; 2 usage (no converter in DIR, no argument
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import fcntl
 import logging
@@ -39,6 +38,8 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from support import cli
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"
 _SDIST = f"llama_cpp_python-{LLAMA_CPP_PYTHON_VERSION}"
@@ -200,12 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, rest = argv[:cut], argv[cut + 1 :]
-    p = argparse.ArgumentParser(
-        prog="python -m support.llama_cpp",
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python -m support.llama_cpp")
     p.add_argument("what", choices=["source", "gguf-split", "convert"], nargs="?", default="source")
     p.add_argument(
         "--llama-cpp",

@@ -20,10 +20,11 @@ tokenizers). Exit: 0 ok, 1 the output folder is not empty (use --force), 2 usage
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from support import cli
 
 EXAMPLES = """examples:
   PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/tiny-glm5 --seed 0
@@ -289,11 +290,7 @@ def write_checkpoint(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python -m support.tiny_glm5")
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--layers", type=int, default=3, help="trunk layers (default: %(default)s)")
