@@ -90,7 +90,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 # --- pristine vLLM: the failures each patch exists for ---------------------------------------
 
 
-def test_pristine_speculators_probe_raises_glm_dsa_valueerror(runs: dict) -> None:
+def test_pristine_speculators_check_raises_glm_dsa_valueerror(runs: dict) -> None:
     err = runs["pristine"]["speculators"]["error"]
     assert err == {
         "type": "ValueError",
@@ -128,7 +128,7 @@ def test_pristine_picks_bfloat16_silently_on_cpu(runs: dict) -> None:
 # --- patched vLLM: it loads, completely and correctly ----------------------------------------
 
 
-def test_patched_speculators_probe_passes_through(runs: dict) -> None:
+def test_patched_speculators_check_passes_through(runs: dict) -> None:
     pat = runs["patched"]
     assert pat["vllm_file"].endswith("/site/vllm/__init__.py")
     assert pat["speculators"]["result"] == [str(runs["gguf"]), str(runs["hf"]), None]

@@ -35,7 +35,7 @@ class Records(logging.Handler):
 def error_of(fn) -> dict | None:
     try:
         fn()
-    except Exception as exc:  # the probe reports every failure as data
+    except Exception as exc:  # every failure is reported as data
         return {"type": type(exc).__name__, "message": str(exc)}
     return None
 
