@@ -67,7 +67,7 @@ merge: $(VENV)/.installed ## Merge split GGUF shards: make merge SHARD=x-00001-o
 bench: bench-merge bench-kernels ## Run the benchmarks (merge here; kernels need a CUDA GPU)
 
 bench-merge: $(VENV)/.installed ## Merge vs cat vs llama-gguf-split (~20 GB free in /tmp, ~10 min)
-	$(PY) benchmarks/bench_merge.py $(BENCH_MERGE_ARGS)
+	PYTHONPATH=scripts:tests $(PY) benchmarks/bench_merge.py $(BENCH_MERGE_ARGS)
 
 probe: | $(RUNTIME_VENV)/.installed ## Every vLLM attention backend's verdict on GLM-5 on SM120 (fp16)
 	PYTHONPATH=backend/src $(RUNTIME_PY) scripts/probe_backends.py --capability 12.0 --dtype float16 \

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from gguf_split import MergePlan, ShardError, find_shards, plan_merge, read_set
+from gguf_format import MergePlan, ShardError, find_shards, plan_merge, read_set
 
 EXAMPLES = """\
 examples:

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import yaml
-from deploy_helpers import REPO, make
+from support.deploy import REPO, make
 
 NO_GPU = "no NVIDIA GPU found (no PCI device with vendor 0x10de, nvidia-smi not found)"
 

@@ -2,7 +2,7 @@
 
 Each "host" is a network namespace on a private bridge (10.213.N.0/24) with its own mount
 namespace: an overlay over /etc (so users, units and /etc/glm5 are per host), a tmpfs on
-/var/lib/glm5-ray (Ray's sessions) and tests/integration/simulated_systemctl.py bind-mounted over
+/var/lib/glm5-ray (Ray's sessions) and tests/support/simulated_systemctl.py bind-mounted over
 /usr/bin/systemctl, because PID 1 of the CI VM is not systemd. An sshd listens on each host's
 address, and Ansible reaches the hosts over SSH from an inventory, the way `make deploy` does.
 Ray 2.48.0 (the role's pin) comes from PyPI into a cached venv outside the repo.
@@ -32,7 +32,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "playbooks/roles/ray_cluster"
-SHIM = Path(__file__).resolve().parent / "simulated_systemctl.py"
+SHIM = Path(__file__).resolve().parents[1] / "support/simulated_systemctl.py"
 BIN = Path(sys.executable).parent
 HOSTS = ["glm5-head", "glm5-w1", "glm5-w2"]
 UNIT = "glm5-ray.service"

@@ -12,13 +12,13 @@ from pathlib import Path
 import gguf_merge
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from gguf_fixtures import (
+from gguf import GGUFReader
+from support.gguf_fixtures import (
     Q,
     Tensor,
     assert_merged_matches,
-    glm_dsa_metadata,
     glm_dsa_tensors,
+    write_native_split,
     write_split,
 )
 
@@ -63,25 +63,7 @@ def test_any_shard_gives_the_same_file(tmp_path):
 def test_gguf_writer_native_split(tmp_path):
     """gguf-py's own splitter (small_first_shard = metadata-only first shard, as convert does)."""
     tensors = glm_dsa_tensors(seed=7)
-    w = GGUFWriter(
-        tmp_path / "GLM-5-native.gguf", "glm-dsa", split_max_tensors=30, small_first_shard=True
-    )
-    for key, value, vtype in glm_dsa_metadata()[1:]:
-        w.add_key_value(
-            key,
-            value,
-            vtype,
-            GGUFValueType.STRING if key.endswith(("tokens", "merges", "tags")) else None,
-        )
-    for t in tensors:
-        w.add_tensor(
-            t.name, t.data, raw_dtype=None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type
-        )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shards = sorted(tmp_path.glob("GLM-5-native-*-of-*.gguf"))
+    shards = write_native_split(tmp_path / "GLM-5-native.gguf", tensors, 30)
     assert len(shards) == 5 and shards[0].name == "GLM-5-native-00001-of-00005.gguf"
     out = tmp_path / "merged.gguf"
     assert gguf_merge.main(["--no-progress", str(shards[0]), str(out)]) == 0

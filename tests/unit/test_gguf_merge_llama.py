@@ -8,19 +8,22 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import gguf_format
 import gguf_merge
-import gguf_split
 import pytest
-from gguf import GGUFValueType, GGUFWriter
-from gguf_fixtures import Q, assert_merged_matches, glm_dsa_metadata, glm_dsa_tensors, write_split
+from support.gguf_fixtures import (
+    assert_merged_matches,
+    glm_dsa_tensors,
+    write_native_split,
+    write_split,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def llama_gguf_split() -> Path:
-    # tests/ is on sys.path (conftest.py's directory), so the helper package is `tools`
-    from tools.llama_cpp import gguf_split_binary
+    from support.llama_cpp import gguf_split_binary
 
     return gguf_split_binary()
 
@@ -51,22 +54,7 @@ def test_identical_to_llama_gguf_split(tmp_path, llama_gguf_split, n_shards, met
 
 def test_identical_for_gguf_writer_native_split(tmp_path, llama_gguf_split):
     (tmp_path / "in").mkdir()
-    tensors = glm_dsa_tensors(seed=11)
-    w = GGUFWriter(
-        tmp_path / "in" / "native.gguf", "glm-dsa", split_max_tensors=40, small_first_shard=True
-    )
-    for key, value, vtype in glm_dsa_metadata()[1:]:
-        sub = GGUFValueType.STRING if key.endswith(("tokens", "merges", "tags")) else None
-        w.add_key_value(key, value, vtype, sub)
-    for t in tensors:
-        w.add_tensor(
-            t.name, t.data, raw_dtype=None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type
-        )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shards = sorted((tmp_path / "in").glob("native-*-of-*.gguf"))
+    shards = write_native_split(tmp_path / "in" / "native.gguf", glm_dsa_tensors(seed=11), 40)
     ours, theirs = _both(llama_gguf_split, shards, tmp_path)
     assert ours == theirs
 
@@ -79,5 +67,5 @@ def test_alignment_64_is_honoured_where_llama_gguf_split_breaks_it(tmp_path, lla
     ours, theirs = _both(llama_gguf_split, shards, tmp_path)
     assert ours != theirs
     assert_merged_matches(tmp_path / "ours.gguf", shards, tensors, 64)
-    with pytest.raises(gguf_split.ShardError, match=r"expected \d+ \(tensor data must be contig"):
-        gguf_split.read_header(tmp_path / "llama.gguf")
+    with pytest.raises(gguf_format.ShardError, match=r"expected \d+ \(tensor data must be contig"):
+        gguf_format.read_header(tmp_path / "llama.gguf")

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import pytest
-from plugin_helpers import REPO
+from support import tiny_glm5
 
 pytestmark = pytest.mark.runtime
 torch = pytest.importorskip("torch")  # collected by the controller venv too, which has none
 
-MODEL = str(REPO / "tests/e2e/models/tiny-glm5-dsa")
-
 
 @pytest.fixture(scope="module")
-def builder():
+def builder(tmp_path_factory: pytest.TempPathFactory):
     from vllm.config import DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
     from vllm_sparse_mla.metadata import SparseTritonMLAMetadataBuilder
 
+    folder = tmp_path_factory.mktemp("tiny-glm5-dsa")
+    model = str(tiny_glm5.write_model_dir(folder, tiny_glm5.config(mtp_layers=0)))
     config = VllmConfig(
-        model_config=ModelConfig(model=MODEL, tokenizer=MODEL, dtype="float16", max_model_len=1024),
+        model_config=ModelConfig(model=model, tokenizer=model, dtype="float16", max_model_len=1024),
         device_config=DeviceConfig(device="cpu"),
         scheduler_config=SchedulerConfig(
             max_num_batched_tokens=256, max_num_seqs=8, max_model_len=1024, is_encoder_decoder=False

@@ -7,14 +7,14 @@ the SM120 situation. The runtime env itself is never modified.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from plugin_helpers import REPO
+from support.plugin import REPO, build_impl
 
 pytestmark = pytest.mark.runtime
 torch = pytest.importorskip("torch")  # collected by the controller venv too, which has none
@@ -30,10 +30,11 @@ def _patched_deep_gemm(tmp_path: Path) -> ModuleType:
     shutil.copyfile(Path(vllm.__file__).parent / "utils/deep_gemm.py", target)
     # git apply works outside a repository as a strict `patch -p1` (no fuzz).
     subprocess.run(["git", "apply", "-p1", str(PATCH)], cwd=tmp_path, check=True, timeout=60)
-    spec = importlib.util.spec_from_file_location("vllm_utils_deep_gemm_patched", target)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # The patched source runs as a fresh module beside the pristine one (the runtime env stays
+    # untouched); it imports only absolute vllm names, so no package context is needed.
+    module = ModuleType("vllm_utils_deep_gemm_patched")
+    module.__file__ = str(target)
+    exec(compile(target.read_text(), str(target), "exec"), module.__dict__)
     return module
 
 
@@ -82,35 +83,57 @@ def test_registered_kernels_replace_deepgemm_where_it_has_none(tmp_path: Path) -
     )
 
 
-@pytest.mark.parametrize(("mode", "force"), [("auto", False), ("triton", True), (None, False)])
-def test_plugin_register_fills_the_hook(tmp_path, monkeypatch, mode, force) -> None:
+@pytest.fixture
+def patched_dg(tmp_path, monkeypatch) -> ModuleType:
+    """The patched deep_gemm standing in for vLLM's (unpatched here), plugin not registered."""
     import vllm.utils
     import vllm_sparse_mla
-    from vllm_sparse_mla import _indexer
 
     dg = _patched_deep_gemm(tmp_path)
-    # The runtime env's vLLM is unpatched: stand the patched module in for it in this test only.
-    monkeypatch.setitem(__import__("sys").modules, "vllm.utils.deep_gemm", dg)
+    monkeypatch.setitem(sys.modules, "vllm.utils.deep_gemm", dg)
     monkeypatch.setattr(vllm.utils, "deep_gemm", dg, raising=False)
     monkeypatch.setattr(vllm_sparse_mla, "_registered", False)
-    if mode is None:
-        monkeypatch.delenv("SPARSE_MLA_INDEXER", raising=False)
-    else:
-        monkeypatch.setenv("SPARSE_MLA_INDEXER", mode)
+    return dg
+
+
+@pytest.mark.parametrize(
+    ("additional_config", "force"),
+    [
+        (None, False),
+        ({"sparse_mla_indexer": "auto"}, False),
+        ({"sparse_mla_indexer": "triton"}, True),
+    ],
+)
+def test_plugin_fills_the_hook_as_the_config_says(patched_dg, additional_config, force) -> None:
+    import vllm_sparse_mla
+    from vllm_sparse_mla import indexer_hook
+
+    dg = patched_dg
     assert vllm_sparse_mla.register() is True
-    assert dg._oot_mqa_logits_impl is _indexer.mqa_logits
-    assert dg._oot_paged_mqa_logits_impl is _indexer.paged_mqa_logits
+    # register() alone (plugin load, no config yet): the auto default.
+    assert dg._oot_mqa_logits_impl is indexer_hook.mqa_logits
+    assert dg._oot_mqa_logits_force is False
+    build_impl(additional_config)
+    assert dg._oot_mqa_logits_impl is indexer_hook.mqa_logits
+    assert dg._oot_paged_mqa_logits_impl is indexer_hook.paged_mqa_logits
     assert dg._oot_mqa_logits_force is force
 
 
-def test_plugin_leaves_deepgemm_alone_when_told(tmp_path, monkeypatch) -> None:
-    import vllm.utils
+def test_plugin_leaves_deepgemm_alone_when_told(patched_dg) -> None:
     import vllm_sparse_mla
 
-    dg = _patched_deep_gemm(tmp_path)
-    monkeypatch.setitem(__import__("sys").modules, "vllm.utils.deep_gemm", dg)
-    monkeypatch.setattr(vllm.utils, "deep_gemm", dg, raising=False)
-    monkeypatch.setattr(vllm_sparse_mla, "_registered", False)
-    monkeypatch.setenv("SPARSE_MLA_INDEXER", "deepgemm")
+    dg = patched_dg
     assert vllm_sparse_mla.register() is True
+    impl = build_impl({"sparse_mla_indexer": "deepgemm"})
+    assert impl.indexer == "deepgemm"
     assert dg._oot_mqa_logits_impl is None
+    assert dg._use_oot_mqa_logits() is False
+
+
+def test_triton_without_patch_0010_fails_the_build(monkeypatch) -> None:
+    import vllm_sparse_mla
+
+    monkeypatch.setattr(vllm_sparse_mla, "_registered", False)
+    assert vllm_sparse_mla.register() is True  # the runtime env's vLLM is unpatched
+    with pytest.raises(ValueError, match="triton needs vLLM's register_mqa_logits_impl"):
+        build_impl({"sparse_mla_indexer": "triton"})

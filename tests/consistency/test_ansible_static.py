@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
+import shlex
 import subprocess
 
 import pytest
 import yaml
-from deploy_helpers import REPO, VENV_BIN, make
+from support.deploy import REPO, VENV_BIN, make
 
 ROLES = sorted(p.name for p in (REPO / "playbooks/roles").iterdir() if p.is_dir())
 PLAYBOOKS = ["site.yml", "verify.yml", "smoke.yml"]
@@ -120,3 +122,27 @@ def test_make_deploy_reaches_a_bare_host_and_localhost_locally() -> None:
     assert '-l "localhost" -e ansible_connection=local' in local
     check = make("deploy", "-n", CHECK="1").output
     assert re.search(r"playbooks/site\.yml\s+--check --diff", check)
+
+
+@pytest.mark.parametrize("choice", ["auto", "triton", "deepgemm"])
+def test_service_renders_the_plugin_indexer_choice_the_plugin_reads(choice: str) -> None:
+    """Role var -> the unit's --additional-config (Ansible's own templating) -> the plugin's
+    validator: the same key and the same choices on both sides."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+    from vllm_sparse_mla import indexer_hook
+
+    role = REPO / "playbooks/roles/vllm_service"
+    spec = yaml.safe_load((role / "meta/argument_specs.yml").read_text())
+    option = spec["argument_specs"]["main"]["options"]["vllm_service_sparse_mla_indexer"]
+    assert tuple(option["choices"]) == indexer_hook.CHOICES
+    defaults = yaml.safe_load((role / "defaults/main.yml").read_text())
+    assert option["default"] == defaults["vllm_service_sparse_mla_indexer"] == indexer_hook.DEFAULT
+    unit = (role / "templates/vllm.service.j2").read_text()
+    (line,) = [x for x in unit.splitlines() if "--additional-config" in x]
+    templar = Templar(loader=DataLoader(), variables={"vllm_service_sparse_mla_indexer": choice})
+    rendered = templar.template(trust_as_template(line.removesuffix("\\")))
+    flag, value = shlex.split(rendered)  # systemd unquotes '...' as the shell does here
+    assert flag == "--additional-config"
+    assert json.loads(value) == {indexer_hook.CONFIG_KEY: choice}
+    assert indexer_hook.indexer_choice(json.loads(value)) == choice

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
-from plugin_helpers import REPO
-
-_spec = importlib.util.spec_from_file_location("plugin_proof", REPO / "tests/e2e/plugin_proof.py")
-assert _spec is not None and _spec.loader is not None
-proof = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(proof)
+from e2e import plugin_proof as proof
 
 
 def _run(tokens: list[int], lps: list[dict[str, float]], prompt: list[float | None]) -> dict:
@@ -56,8 +52,25 @@ def test_proof_groups_cover_every_checked_run() -> None:
         assert {run, ref} <= names
     for group in proof.GROUPS.values():
         for spec in group["runs"]:
-            assert (proof.MODELS / spec[1] / "config.json").is_file()
+            assert spec[1] in proof.MODELS
     assert Path(proof.PATCH).is_file()
+
+
+@pytest.mark.runtime  # the tokenizer writer needs `tokenizers` (runtime env)
+def test_proof_models_are_written_with_the_geometry_their_names_say(tmp_path: Path) -> None:
+    proof.write_models(tmp_path)
+    for group in proof.GROUPS.values():
+        for spec in group["runs"]:
+            assert (tmp_path / spec[1] / "config.json").is_file()
+            assert (tmp_path / spec[1] / "tokenizer.json").is_file()
+    cfg = {n: json.loads((tmp_path / n / "config.json").read_text()) for n in proof.MODELS}
+    assert cfg["tiny-glm5-dsa"]["index_topk"] == proof.DENSE_POSITIONS == 128
+    assert cfg["tiny-glm5-dsa-topk2048"]["index_topk"] == 2048
+    assert cfg["tiny-dsv3-dense"]["model_type"] == "deepseek_v3"
+    assert "index_topk" not in cfg["tiny-dsv3-dense"]
+    assert {c["num_nextn_predict_layers"] for c in cfg.values()} == {0}
+    geometry = ("kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+    assert len({tuple(c[k] for k in geometry) for c in cfg.values()}) == 1
 
 
 @pytest.mark.runtime

@@ -8,8 +8,8 @@ enforces a bearer key when given one, and misbehaves on request: see `Behaviour`
 Used in-process by the tests (`FakeOpenAIServer` is a context manager that serves from a
 thread on 127.0.0.1:<ephemeral port>); it also runs standalone for trying the client by hand:
 
-    python tests/smoke/fake_openai_server.py --port 8000 --api-key sk-test
-    python tests/smoke/fake_openai_server.py --port 8000 --stream cut
+    PYTHONPATH=tests python -m support.fake_openai_server --port 8000 --api-key sk-test
+    PYTHONPATH=tests python -m support.fake_openai_server --port 8000 --stream cut
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ def plugin(monkeypatch: pytest.MonkeyPatch):
     import vllm_sparse_mla
 
     monkeypatch.setattr(vllm_sparse_mla, "_registered", False)
-    monkeypatch.delenv("SPARSE_MLA_INDEXER", raising=False)
     return vllm_sparse_mla
 
 
@@ -63,11 +62,39 @@ def test_register_refuses_another_vllm_version_and_logs_both(plugin, monkeypatch
     assert plugin._registered is False
 
 
-def test_register_refuses_an_unknown_indexer_mode(plugin, monkeypatch, caplog) -> None:
-    monkeypatch.setenv("SPARSE_MLA_INDEXER", "cuda")
-    with caplog.at_level(logging.ERROR, logger="vllm_sparse_mla"):
-        assert plugin.register() is False
-    assert "SPARSE_MLA_INDEXER='cuda' is not one of auto, triton, deepgemm" in caplog.text
+def test_building_the_backend_refuses_an_unknown_indexer_choice(plugin) -> None:
+    from support.plugin import build_impl
+
+    assert plugin.register() is True
+    with pytest.raises(ValueError) as err:
+        build_impl({"sparse_mla_indexer": "cuda"})
+    assert str(err.value) == (
+        "additional_config sparse_mla_indexer='cuda' is not one of auto, triton, deepgemm"
+    )
+
+
+@pytest.mark.parametrize(
+    ("additional_config", "choice"),
+    [({}, "auto"), ({"sparse_mla_indexer": "deepgemm"}, "deepgemm"), ({"other": 1}, "auto")],
+)
+def test_building_the_backend_reads_the_indexer_choice(plugin, additional_config, choice) -> None:
+    from support.plugin import build_impl
+
+    plugin.register()
+    assert build_impl(additional_config).indexer == choice
+
+
+def test_indexer_choice_validates_every_value() -> None:
+    from vllm_sparse_mla import indexer_hook
+
+    assert indexer_hook.CHOICES == ("auto", "triton", "deepgemm")
+    for choice in indexer_hook.CHOICES:
+        assert indexer_hook.indexer_choice({"sparse_mla_indexer": choice}) == choice
+    assert indexer_hook.indexer_choice({}) == "auto"
+    assert indexer_hook.indexer_choice(object()) == "auto"  # another plugin's config object
+    for bad in ("Triton", "", None, 1, ["auto"]):
+        with pytest.raises(ValueError, match="is not one of auto, triton, deepgemm"):
+            indexer_hook.indexer_choice({"sparse_mla_indexer": bad})
 
 
 @pytest.mark.parametrize(

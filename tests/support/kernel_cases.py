@@ -1,7 +1,7 @@
 """Kernel test cases: inputs (support.kernel_inputs), kernel call and reference for each case.
 
 Run in-process on a GPU, or on CPU in a subprocess with TRITON_INTERPRET=1 set before triton is
-imported (``PYTHONPATH=tests:backend/src python tests/kernels/kernel_cases.py OUT.pt``), which
+imported (``PYTHONPATH=tests:backend/src python -m support.kernel_cases OUT.pt``), which
 saves every case's outputs.
 """
 
@@ -12,6 +12,7 @@ import sys
 from collections.abc import Callable
 
 import torch
+
 from support.kernel_inputs import (
     SCALE,
     attn_inputs,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import gguf_split
+import gguf_format
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
@@ -204,15 +204,30 @@ def write_split(
             w.add_custom_alignment(alignment)  # every shard declares the layout it has
         for key, value, vtype in split_keys(i, n_shards, len(tensors)):
             w.add_key_value(key, value, vtype)
-        for t in group:
-            raw_dtype = None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type
-            w.add_tensor(t.name, t.data, raw_dtype=raw_dtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
+        _write_tensors_and_close(w, group)
         paths.append(path)
     return paths
+
+
+def write_native_split(path: Path, tensors: list[Tensor], split_max_tensors: int) -> list[Path]:
+    """gguf-py's own splitter (small_first_shard: a metadata-only first shard, as the converter
+    writes); ``path`` names the unsplit file, the shards come back in order."""
+    w = GGUFWriter(path, ARCH, split_max_tensors=split_max_tensors, small_first_shard=True)
+    for key, value, vtype in glm_dsa_metadata()[1:]:
+        sub = GGUFValueType.STRING if key.endswith(("tokens", "merges", "tags")) else None
+        w.add_key_value(key, value, vtype, sub)
+    _write_tensors_and_close(w, tensors)
+    return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
+
+
+def _write_tensors_and_close(w: GGUFWriter, tensors: list[Tensor]) -> None:
+    for t in tensors:
+        raw_dtype = None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type  # quantized: raw bytes
+        w.add_tensor(t.name, t.data, raw_dtype=raw_dtype)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def _sub_type(value: Any, vtype: GGUFValueType) -> GGUFValueType | None:
@@ -270,7 +285,7 @@ def assert_merged_matches(merged: Path, shards: list[Path], tensors, alignment: 
     raw = merged.read_bytes()
     for rt in out.tensors:
         end = rt.data_offset + rt.n_bytes
-        assert raw[end : gguf_split.pad(end, alignment)] == bytes(
-            gguf_split.pad(end, alignment) - end
+        assert raw[end : gguf_format.pad(end, alignment)] == bytes(
+            gguf_format.pad(end, alignment) - end
         )
-    assert len(raw) == gguf_split.pad(len(raw), alignment)
+    assert len(raw) == gguf_format.pad(len(raw), alignment)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import smoke_test
-from fake_openai_server import Behaviour, FakeOpenAIServer
+from support.fake_openai_server import Behaviour, FakeOpenAIServer
 
 KEY = "sk-smoke-test-key"
 CHECKS = ["models", "completion", "chat_completion", "chat_stream", "concurrency", "auth"]

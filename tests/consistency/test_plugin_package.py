@@ -7,7 +7,7 @@ import re
 import tomllib
 
 import pytest
-from plugin_helpers import BACKEND_SRC, REPO, run_python
+from support.plugin import BACKEND_SRC, REPO, run_python
 
 PYPROJECT = REPO / "backend" / "pyproject.toml"
 

@@ -1,4 +1,4 @@
-"""Write a tiny random-weight GLM-5 (glm_moe_dsa) Hugging Face checkpoint for tests.
+"""Write a tiny random-weight GLM-5 (glm_moe_dsa) Hugging Face checkpoint: the one test builder.
 
 The attention geometry is GLM-5's own (kv_lora_rank 512, qk_nope 192, qk_rope 64, v_head 256,
 DSA indexer 32 heads x 128, index_topk 128, interleaved indexer RoPE); everything else is small:
@@ -6,22 +6,31 @@ DSA indexer 32 heads x 128, index_topk 128, interleaved indexer RoPE); everythin
 layer appended after the trunk exactly as GLM-5 ships it (model.layers.<num_hidden_layers>.*).
 Weights are bfloat16 safetensors in the original checkpoint naming (per-expert tensors), so
 llama.cpp's convert_hf_to_gguf.py converts the folder like the real model. The tokenizer is a
-byte-level BPE trained here with the `tokenizers` library (no hub access).
+byte-level BPE trained here with the `tokenizers` library (no hub access) that carries GLM's
+special tokens (llama.cpp's GLM vocab writer looks them up).
 
-Needs torch, safetensors and tokenizers (the runtime env has them).
-Exit: 0 ok, 1 the output folder is not empty (use --force), 2 usage.
+Options cover every user: the patch proof (defaults), the GPU e2e serve run (`--serve`: no MTP
+layer, no BOS token, and a wide lm_head whose special-token rows are zero, so sampled replies
+never end at once), and the plugin proof's config-only models (`--config-only`, `--index-topk`,
+`--arch deepseek_v3` for the dense reference: vLLM draws the weights there).
+
+Needs torch, safetensors and tokenizers (the runtime env has them; --config-only needs only
+tokenizers). Exit: 0 ok, 1 the output folder is not empty (use --force), 2 usage.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from support import cli
+
 EXAMPLES = """examples:
-  python scripts/tiny_glm5.py --out /tmp/tiny-glm5 --seed 0
-  python scripts/tiny_glm5.py --out /tmp/tiny-glm5 --seed 1 --mtp-layers 0 --force
+  PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/tiny-glm5 --seed 0
+  PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/tiny-glm5 --seed 1 --mtp-layers 0 --force
+  PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/e2e/ckpt --serve
+  PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/m/dense --config-only --arch deepseek_v3
 """
 
 SPECIAL_TOKENS = [
@@ -45,8 +54,37 @@ CORPUS = [
 ]
 
 
-def config(num_layers: int = 3, mtp_layers: int = 1) -> dict:
-    """The config.json of the tiny model (GLM-5 attention geometry, small everything else)."""
+ARCHS = ("glm_moe_dsa", "deepseek_v3")
+# Keys only the DSA (sparse attention) architecture has; a dense DeepSeek-V3 config drops them.
+_DSA_KEYS = ("mlp_layer_types", "index_topk", "index_head_dim", "index_n_heads",
+             "indexer_rope_interleave")  # fmt: skip
+
+
+def config(
+    num_layers: int = 3,
+    mtp_layers: int = 1,
+    *,
+    index_topk: int = 128,
+    arch: str = "glm_moe_dsa",
+    bos: bool = True,
+) -> dict:
+    """The config.json of the tiny model (GLM-5 attention geometry, small everything else).
+
+    ``arch="deepseek_v3"``: the same geometry as a dense-attention DeepSeek-V3 (no indexer), the
+    plugin proof's reference for "sparse with index_topk >= context equals dense".
+    """
+    if arch not in ARCHS:
+        raise ValueError(f"arch {arch!r}: choose one of {', '.join(ARCHS)}")
+    cfg = _glm5_config(num_layers, mtp_layers) | {"index_topk": index_topk}
+    if not bos:
+        cfg["bos_token_id"] = None
+    if arch == "deepseek_v3":
+        cfg = {k: v for k, v in cfg.items() if k not in _DSA_KEYS}
+        cfg |= {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
+    return cfg
+
+
+def _glm5_config(num_layers: int, mtp_layers: int) -> dict:
     return {
         "architectures": ["GlmMoeDsaForCausalLM"],
         "model_type": "glm_moe_dsa",
@@ -157,8 +195,13 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def random_weights(cfg: dict, seed: int) -> dict:
-    """Seeded random bfloat16 tensors (float32 for the router bias, as GLM-5 stores it)."""
+def random_weights(cfg: dict, seed: int, *, serve_head: bool = False) -> dict:
+    """Seeded random bfloat16 tensors (float32 for the router bias, as GLM-5 stores it).
+
+    ``serve_head``: a wide lm_head (logits std ~4.5) with zero rows for the special tokens, so
+    random text never stops at once on an end-of-text token and every request returns
+    max_tokens of text.
+    """
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -173,6 +216,11 @@ def random_weights(cfg: dict, seed: int) -> dict:
         else:
             t = torch.randn(shape, generator=gen) * 0.05
         out[name] = t.to(torch.bfloat16).contiguous()
+    if serve_head:
+        v, h = tensor_shapes(cfg)["lm_head.weight"]
+        lm_head = (torch.randn(v, h, generator=gen) * 0.2).to(torch.bfloat16)
+        lm_head[: len(SPECIAL_TOKENS)] = 0
+        out["lm_head.weight"] = lm_head
     return out
 
 
@@ -205,26 +253,44 @@ def write_tokenizer(out: Path) -> None:
     (out / "tokenizer_config.json").write_text(json.dumps(tok_cfg, indent=2) + "\n")
 
 
-def write_checkpoint(out: Path, seed: int, *, num_layers: int = 3, mtp_layers: int = 1) -> Path:
-    """Write config.json, model.safetensors, tokenizer files and generation_config.json."""
-    from safetensors.torch import save_file
-
-    cfg = config(num_layers, mtp_layers)
+def write_model_dir(out: Path, cfg: dict) -> Path:
+    """config.json, generation_config.json and the tokenizer: a model folder without weights."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    gen_cfg = {"bos_token_id": 2, "eos_token_id": [0, 7, 9], "pad_token_id": 0}
+    gen_cfg = {"eos_token_id": cfg["eos_token_id"], "pad_token_id": cfg["pad_token_id"]}
+    if cfg.get("bos_token_id") is not None:
+        gen_cfg = {"bos_token_id": cfg["bos_token_id"]} | gen_cfg
     (out / "generation_config.json").write_text(json.dumps(gen_cfg, indent=2) + "\n")
-    save_file(random_weights(cfg, seed), str(out / "model.safetensors"), {"format": "pt"})
     write_tokenizer(out)
     return out
 
 
+def write_checkpoint(
+    out: Path,
+    seed: int,
+    *,
+    num_layers: int = 3,
+    mtp_layers: int = 1,
+    serve: bool = False,
+    index_topk: int = 128,
+) -> Path:
+    """Write config.json, model.safetensors, tokenizer files and generation_config.json.
+
+    ``serve``: the e2e serve model (no MTP layer, no BOS token, wide lm_head, see random_weights).
+    """
+    from safetensors.torch import save_file
+
+    if serve:
+        mtp_layers = 0
+    cfg = config(num_layers, mtp_layers, index_topk=index_topk, bos=not serve)
+    write_model_dir(out, cfg)
+    weights = random_weights(cfg, seed, serve_head=serve)
+    save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python -m support.tiny_glm5")
     p.add_argument("--out", type=Path, required=True, help="folder to write (created)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     p.add_argument("--layers", type=int, default=3, help="trunk layers (default: %(default)s)")
@@ -234,14 +300,42 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="MTP/nextn layers appended after the trunk (default: %(default)s)",
     )
+    p.add_argument(
+        "--serve",
+        action="store_true",
+        help="the e2e serve model: no MTP layer, no BOS, special tokens' lm_head rows zero",
+    )
+    p.add_argument(
+        "--index-topk", type=int, default=128, help="DSA index_topk (default: %(default)s)"
+    )
+    p.add_argument("--arch", choices=ARCHS, default=ARCHS[0], help="default: %(default)s")
+    p.add_argument(
+        "--config-only", action="store_true", help="config + tokenizer, no weights (no torch)"
+    )
     p.add_argument("--force", action="store_true", help="write into a non-empty folder")
     args = p.parse_args(argv)
     if args.layers < 2:
         p.error("--layers must be at least 2 (one dense layer, then MoE layers)")
+    if args.index_topk < 1 or args.index_topk % 128:
+        p.error("--index-topk must be a positive multiple of 128 (vLLM's index conversion)")
+    if args.arch != "glm_moe_dsa" and not args.config_only:
+        p.error("--arch deepseek_v3 needs --config-only (the weights are GLM-5's)")
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
         print(f"error: {args.out} is not empty (use --force)", file=sys.stderr)
         return 1
-    write_checkpoint(args.out, args.seed, num_layers=args.layers, mtp_layers=args.mtp_layers)
+    if args.config_only:
+        mtp = 0 if args.serve else args.mtp_layers
+        cfg = config(args.layers, mtp, index_topk=args.index_topk, arch=args.arch)
+        write_model_dir(args.out, cfg)
+    else:
+        write_checkpoint(
+            args.out,
+            args.seed,
+            num_layers=args.layers,
+            mtp_layers=args.mtp_layers,
+            serve=args.serve,
+            index_topk=args.index_topk,
+        )
     print(args.out)
     return 0
 

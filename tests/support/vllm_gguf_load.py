@@ -1,9 +1,10 @@
-"""Exercise the real vLLM 0.23.0 code on a tiny GLM-5 GGUF and write what happened as JSON.
+"""Load a tiny GLM-5 GGUF with the real vLLM 0.23.0 code (config, name map, weights) and write
+what happened as JSON: the patch proof's child process.
 
 Run in a subprocess with the runtime env's python; the vllm/ that is imported is the first on
 sys.path (PYTHONPATH=<patched copy> for the patched run, nothing for the pristine venv):
 
-    python tests/patches/vllm_probe.py {pristine,patched} GGUF HF_DIR OUT.json
+    python tests/support/vllm_gguf_load.py {pristine,patched} GGUF HF_DIR OUT.json
 
 There is no GPU here, so building vLLM's model class on the CPU needs four stand-ins, all in
 `simulate_cpu_platform()` and used by the patched run only: the platform's device type is "cpu";
@@ -34,7 +35,7 @@ class Records(logging.Handler):
 def error_of(fn) -> dict | None:
     try:
         fn()
-    except Exception as exc:  # the probe reports every failure as data
+    except Exception as exc:  # every failure is reported as data
         return {"type": type(exc).__name__, "message": str(exc)}
     return None
 

@@ -1,9 +1,9 @@
 """Proof on the real vLLM 0.23.0 code: why each patch exists (pristine) and that it works (patched).
 
-A tiny GLM-5-architecture checkpoint (scripts/tiny_glm5.py) is converted to a Q8_0 GGUF by
+A tiny GLM-5-architecture checkpoint (tests/support/tiny_glm5.py) is converted to a Q8_0 GGUF by
 llama.cpp's own convert_hf_to_gguf.py. The installed vLLM is only read; the patched run uses a
 copy of it (a symlink farm of the package with the touched files copied, then patched by
-scripts/vllm_patches.py). vLLM runs in subprocesses (tests/patches/vllm_probe.py) so that each
+scripts/vllm_patches.py). vLLM runs in subprocesses (tests/support/vllm_gguf_load.py) so that each
 run imports the vllm/ it is meant to.
 
 K-quants: the converter writes only f32/f16/bf16/q8_0/tq1_0/tq2_0 and gguf-py 0.18 cannot quantize
@@ -22,22 +22,13 @@ import sys
 from pathlib import Path
 
 import pytest
-import tiny_glm5
+import support
 import vllm_patches
+from support import llama_cpp, tiny_glm5
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
-HERE = Path(__file__).resolve().parent
-
-
-def llama_cpp_source() -> Path:
-    """tests/tools/llama_cpp.py's cached llama.cpp tree (loaded by path: tests/ is no package)."""
-    spec = importlib.util.spec_from_file_location(
-        "llama_cpp_tool", HERE.parent / "tools/llama_cpp.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.source_dir()
+# Run by file path in a child whose PYTHONPATH is only the vLLM under test (pristine or patched).
+VLLM_GGUF_LOAD = Path(support.__file__).with_name("vllm_gguf_load.py")
 
 
 def installed_vllm() -> Path:
@@ -59,13 +50,13 @@ def symlink_farm(src: Path, dest: Path, copies: list[str]) -> None:
         shutil.copy2(src.parent / path, target)
 
 
-def probe(mode: str, gguf: Path, hf: Path, out: Path, pythonpath: Path | None) -> dict:
+def load_in_vllm(mode: str, gguf: Path, hf: Path, out: Path, pythonpath: Path | None) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": ""}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     res = subprocess.run(
-        [sys.executable, str(HERE / "vllm_probe.py"), mode, str(gguf), str(hf), str(out)],
+        [sys.executable, str(VLLM_GGUF_LOAD), mode, str(gguf), str(hf), str(out)],
         env=env, capture_output=True, text=True, timeout=400,
     )  # fmt: skip
     assert res.returncode == 0, res.stderr[-4000:]
@@ -79,12 +70,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     tmp = tmp_path_factory.mktemp("proof")
     hf = tiny_glm5.write_checkpoint(tmp / "hf", seed=0)
     gguf = tmp / "tiny-glm5-q8_0.gguf"
-    env = {k: v for k, v in os.environ.items() if k != "NO_LOCAL_GGUF"}
-    subprocess.run(
-        [sys.executable, str(HERE / "convert_tiny_gguf.py"), str(llama_cpp_source()),
-         str(hf), str(gguf), "q8_0"],
-        env=env, check=True, capture_output=True, timeout=300,
-    )  # fmt: skip
+    conv = llama_cpp.convert(hf, gguf, "q8_0")
+    assert conv.returncode == 0, conv.stderr[-4000:]
 
     src = installed_vllm()
     site = tmp / "site"
@@ -95,15 +82,15 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return {
         "hf": hf,
         "gguf": gguf,
-        "pristine": probe("pristine", gguf, hf, tmp / "pristine.json", None),
-        "patched": probe("patched", gguf, hf, tmp / "patched.json", site),
+        "pristine": load_in_vllm("pristine", gguf, hf, tmp / "pristine.json", None),
+        "patched": load_in_vllm("patched", gguf, hf, tmp / "patched.json", site),
     }
 
 
 # --- pristine vLLM: the failures each patch exists for ---------------------------------------
 
 
-def test_pristine_speculators_probe_raises_glm_dsa_valueerror(runs: dict) -> None:
+def test_pristine_speculators_check_raises_glm_dsa_valueerror(runs: dict) -> None:
     err = runs["pristine"]["speculators"]["error"]
     assert err == {
         "type": "ValueError",
@@ -141,7 +128,7 @@ def test_pristine_picks_bfloat16_silently_on_cpu(runs: dict) -> None:
 # --- patched vLLM: it loads, completely and correctly ----------------------------------------
 
 
-def test_patched_speculators_probe_passes_through(runs: dict) -> None:
+def test_patched_speculators_check_passes_through(runs: dict) -> None:
     pat = runs["patched"]
     assert pat["vllm_file"].endswith("/site/vllm/__init__.py")
     assert pat["speculators"]["result"] == [str(runs["gguf"]), str(runs["hf"]), None]

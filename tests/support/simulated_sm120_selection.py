@@ -11,6 +11,12 @@ tests). What is simulated, and why (a CPU-only machine cannot load these parts):
 
 Prints ``RESULT {json}``: the selection for several requests before and after
 ``vllm.plugins.load_general_plugins()``, which finds whatever plugin distribution is on the path.
+With a model folder as argument it also follows ``vllm serve --additional-config`` (the flag the
+vllm_service role renders) through vLLM's own argument parser and ``create_engine_config`` into
+the backend's attention impl, built as the model loader builds it (inside
+``set_current_vllm_config``), and reports the indexer choice the impl read (or its error).
+
+Usage: simulated_sm120_selection.py [MODEL_DIR]
 """
 
 from __future__ import annotations
@@ -61,7 +67,31 @@ def select(backend: str | None, dtype: str) -> dict[str, str]:
     return {"selected": f"{cls.__module__}.{cls.__qualname__}"}
 
 
-def main() -> int:
+def serve_indexer(model: str, additional_config: str) -> dict[str, object]:
+    """`vllm serve MODEL --additional-config JSON` -> the indexer our impl reads from it."""
+    from types import SimpleNamespace
+
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = [model, "--dtype", "float16", "--max-model-len", "1024", "--attention-backend",
+            "CUSTOM", "--additional-config", additional_config]  # fmt: skip
+    config = EngineArgs.from_cli_args(parser.parse_args(["--model", *argv])).create_engine_config()
+    with set_current_vllm_config(config):
+        cls = get_attn_backend(
+            576, torch.float16, "auto", use_mla=True, use_sparse=True, num_heads=8
+        )
+        indexer = SimpleNamespace(topk_indices_buffer=torch.zeros(4, 128, dtype=torch.int32))
+        try:
+            impl = cls.get_impl_cls()(8, 576, 0.1, 1, None, None, "auto", None, "decoder", None,
+                                      indexer=indexer, kv_lora_rank=512)  # fmt: skip
+        except ValueError as exc:
+            return {"error": str(exc)}
+    return {"additional_config": config.additional_config, "indexer": impl.indexer}
+
+
+def main(argv: list[str]) -> int:
     vllm.platforms._current_platform = SimulatedSm120Platform()
     result: dict[str, object] = {
         "auto_fp16_before": select(None, "float16"),
@@ -74,9 +104,13 @@ def main() -> int:
     result["custom_fp16"] = select("CUSTOM", "float16")
     result["custom_bf16"] = select("CUSTOM", "bfloat16")
     result["auto_fp16_after"] = select(None, "float16")
+    if argv:
+        for value in ("auto", "deepgemm", "cuda"):
+            flag = json.dumps({"sparse_mla_indexer": value})
+            result[f"serve_indexer_{value}"] = serve_indexer(argv[0], flag)
     print("RESULT " + json.dumps(result))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
