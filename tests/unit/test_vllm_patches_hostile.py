@@ -437,3 +437,43 @@ def test_crash_leftovers_are_removed_by_apply_and_revert(tree: Tree, capsys, com
     )
     assert not any(p.exists() for p in left)
     assert tree.model.read_text() == (tree.model_after if command == "apply" else MODEL)
+
+
+KILL_ON_SECOND_RENAME = """
+import os, signal, sys
+import vllm_patches
+real = os.replace
+calls = []
+def replace(src, dst):
+    calls.append(dst)
+    if len(calls) == 2:  # one file replaced, the other staged: the worst moment
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(src, dst)
+os.replace = replace
+sys.exit(vllm_patches.main(sys.argv[1:]))
+"""
+
+
+def test_kill_9_mid_install_is_reported_then_finished(tree: Tree, capsys) -> None:
+    """A real SIGKILL between the two renames of an apply; the next runs see and mend it."""
+    env = {**os.environ, "PYTHONPATH": str(SCRIPT.parent)}
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_ON_SECOND_RENAME, *tree.argv("apply")],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == -9, proc.stderr
+    assert tree.model.read_text() == tree.model_after and tree.loader.read_text() == LOADER
+    (left,) = [p for p in tree.loader.parent.iterdir() if safe_files.is_temp_of(p, tree.loader)]
+    assert left.read_text() == tree.loader_after  # the staged, never renamed copy
+    _fails(
+        capsys, tree, "verify",
+        "temp files of an interrupted apply/revert are in the tree (apply or revert removes "
+        f"them): {left}",
+    )  # fmt: skip
+    rc, rep, _ = _json(capsys, tree.argv("apply"))
+    assert rc == 0 and rep["message"] == (
+        f"patched 1 files: vllm/loader.py; removed 1 leftover temp files: {left}"
+    )
+    assert _json(capsys, tree.argv("verify"))[0] == 0
+    names = sorted(p.name for p in tree.site.rglob("*"))
+    assert names == sorted(["vllm", "_version.py", "config", "model.py", "loader.py"])
