@@ -252,7 +252,9 @@ def _sweep_stale(output: Path, own: Path) -> None:
 
     A merge holds an exclusive flock on its temp file from the moment it creates it, so a temp
     file whose lock can be taken belongs to a process that is gone. It is opened O_NOFOLLOW and
-    O_NONBLOCK and unlinked only if the name still refers to the file that was locked.
+    O_NONBLOCK and unlinked only if the name still refers to the file that was locked. (A merge
+    to the same OUTPUT started in the very same instant, between its O_EXCL create and its flock,
+    can lose its temp file this way; its rename then fails with an error, OUTPUT is untouched.)
     """
     try:
         names = sorted(os.listdir(output.parent))
@@ -333,7 +335,12 @@ def write_merged(
                 safe_files.check_target(output)
             except safe_files.UnsafeTargetError as exc:
                 raise ShardError(output, f"{exc.strerror}; not replaced") from None
-            os.replace(tmp, output)
+            try:
+                os.replace(tmp, output)
+            except OSError as exc:
+                raise ShardError(
+                    output, f"renaming {tmp.name} failed: {exc.strerror}; not written"
+                ) from None
             tmp = None
             # done: a stop signal still pending must not turn success into an error
             with contextlib.suppress(ValueError):  # ValueError: not the main thread
@@ -411,7 +418,10 @@ def _verify(plan: MergePlan, fd: int, tmp: Path, output: Path) -> None:
     if st.st_size != plan.total_size:
         raise ShardError(output, f"{tmp.name} has {st.st_size} bytes, expected {plan.total_size}")
     # the temp fd is write-only (safe_files); read back through the name, checked to be that file
-    rfd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        rfd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # removed or replaced by someone else meanwhile
+        raise ShardError(output, f"cannot read back {tmp.name}: {exc.strerror}") from None
     try:
         back = os.fstat(rfd)
         same = (back.st_dev, back.st_ino) == (st.st_dev, st.st_ino)

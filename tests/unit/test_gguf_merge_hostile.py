@@ -380,6 +380,19 @@ def test_output_created_while_merging_is_not_clobbered(set4, monkeypatch, capsys
     assert out.read_bytes() == b"someone else's" and not _temps(out)
 
 
+def test_temp_file_removed_by_someone_else_is_an_error(set4, monkeypatch, capsys):
+    """E.g. a concurrent merge's sweep, or an admin's `rm`: no traceback, no OUTPUT."""
+    shards, out_dir = set4
+    out = out_dir / "m.gguf"
+    _during_copy(monkeypatch, 3, lambda: [p.unlink() for p in _temps(out)])
+    _fails(
+        capsys, [str(shards[0]), str(out)],
+        rf"error: {re.escape(str(out))}: cannot read back \.m\.gguf\.[0-9a-f]{{16}}\.tmp: No such "
+        r"file or directory",
+    )  # fmt: skip
+    assert list(out_dir.iterdir()) == []
+
+
 # -- closed stdout / stderr --------------------------------------------------------------------
 
 
