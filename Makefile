@@ -101,7 +101,7 @@ test-runtime: patch-tool
 # message and succeeds). Results and method: benchmarks/RESULTS.md.
 BENCH_KERNELS_ARGS ?=
 bench-kernels: | $(RUNTIME_VENV)/.installed ## Time the Triton sparse MLA + indexer kernels (GPU host)
-	$(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
+	PYTHONPATH=tests:scripts:backend/src $(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
 
 # --- Deployment (playbooks/, issue 7) ---------------------------------------------------------
 # The real inventory is the untracked inventory/hosts.yml; without it the example is used. A HOST
