@@ -3,14 +3,18 @@
 The header parser is struct-based and reads through an mmap, so only the header pages are touched.
 It is stricter than gguf-py's GGUFReader in the ways llama.cpp's own reader (ggml/src/gguf.cpp) is:
 version 2 or 3, little-endian, unique keys, u32 power-of-two `general.alignment`, tensor names
-shorter than 64 bytes, at most 4 dimensions, rows a multiple of the type's block size, and tensor
-offsets laid out contiguously at the file's alignment. gguf-py supplies the format constants and
+shorter than 64 bytes and free of NUL bytes (ggml names are C strings: llama.cpp cuts such a name
+at the NUL, so two tensors could share it), at most 4 dimensions, rows a multiple of the type's
+block size (with llama.cpp's implicit ne[0] = 1 for 0 dimensions, so a quantized tensor of 0
+dimensions is refused as llama.cpp refuses it), and tensor offsets laid out contiguously at the
+file's alignment. gguf-py supplies the format constants and
 the ggml type sizes (GGML_QUANT_SIZES). GGUFReader itself was measured too slow for this job: on
 benchmarks/bench_merge.py's 10 shards (1,800 tensors, a 154,880-token vocabulary) it took 20.8 s
 where this parser took 0.09 s (61 s vs 0.29 s on a loaded machine); it builds numpy objects for
 every field and every string. The tests use it as the independent reader of merged files.
 
-Every problem raises ShardError(path, problem); str() gives `<path>: <problem>`.
+Every problem raises ShardError(path, problem); str() gives `<path>: <problem>` on one line (names
+from the file are quoted with repr(), so a newline in a tensor name or a path cannot split it).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import mmap
 import os
 import re
+import stat
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +46,8 @@ KEY_ALIGNMENT = Keys.General.ALIGNMENT  # u32
 OUTPUT_VERSION = 3  # llama.cpp writes GGUF_VERSION whatever the input's version was
 GGML_MAX_NAME = 64  # ggml.h: names are char[64] including the NUL
 GGML_MAX_DIMS = 4
-SHARD_NAME_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+# re.S: a newline is a legal character of a file name
+SHARD_NAME_RE = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf\Z", re.S)
 
 _T = GGUFValueType
 _SCALAR = {  # value type -> (struct format, size)
@@ -58,9 +64,16 @@ class ShardError(Exception):
     """A problem with one file of the set (or with the output path); str() is `path: problem`."""
 
     def __init__(self, path: Path | str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+        super().__init__(one_line(f"{path}: {problem}"))
         self.path = Path(path)
         self.problem = problem
+
+
+def one_line(text: str) -> str:
+    """TEXT with control characters escaped (a path or name from a file may hold a newline)."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def pad(n: int, alignment: int) -> int:
@@ -105,6 +118,7 @@ class Header:
     data_offset: int  # absolute file offset of the data section
     file_size: int
     dev_ino: tuple[int, int] = (0, 0)
+    fd: int = -1  # the descriptor it was read through, when the caller keeps it open
 
     def kv(self, key: str) -> KeyValue | None:
         return next((kv for kv in self.kvs if kv.key == key), None)
@@ -159,20 +173,40 @@ class _Cursor:
         self.pos = pos
 
 
-def read_header(path: Path) -> Header:
-    """Parse and check one GGUF file's header; raises ShardError naming the file and the problem."""
+def open_shard(path: Path) -> int:
+    """Open PATH read-only without blocking (a FIFO planted there cannot hang the open) and refuse
+    anything that is not a regular file; returns the descriptor."""
     try:
-        fh = open(path, "rb")  # noqa: SIM115 - closed below, after the mapping
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as exc:
         raise ShardError(path, f"cannot open: {exc.strerror}") from None
-    with fh:
-        st = os.fstat(fh.fileno())
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ShardError(path, "not a regular file")
+    return fd
+
+
+def read_header(path: Path, fd: int | None = None) -> Header:
+    """Parse and check one GGUF file's header; raises ShardError naming the file and the problem.
+
+    With FD (from open_shard) the header is read through it and FD stays open: the caller copies
+    from the very file that was validated, whatever happens to PATH meanwhile.
+    """
+    own = fd is None
+    if fd is None:
+        fd = open_shard(path)
+    try:
+        st = os.fstat(fd)
         size = st.st_size
         if size < 24:
             raise ShardError(path, f"not a GGUF file: {size} bytes, shorter than a GGUF header")
-        with mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+        with mmap.mmap(fd, 0, access=mmap.ACCESS_READ) as buf:
             header = _parse(path, buf, size)
+    finally:
+        if own:
+            os.close(fd)
     header.dev_ino = (st.st_dev, st.st_ino)
+    header.fd = -1 if own else fd
     return header
 
 
@@ -203,37 +237,39 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
         key = cur.string(f"key {i}")
         if not key:
             raise ShardError(path, f"key/value {i} has an empty key")
+        if "\0" in key:
+            raise ShardError(path, f"key {key!r} contains a NUL byte")
         if key in seen:
-            raise ShardError(path, f"duplicate key '{key}'")
+            raise ShardError(path, f"duplicate key {key!r}")
         seen.add(key)
-        vtype = cur.u32(f"type of '{key}'")
+        vtype = cur.u32(f"type of {key!r}")
         value: int | float | str | None = None
         if vtype == _T.ARRAY:
-            sub = cur.u32(f"array type of '{key}'")
-            count = cur.u64(f"array length of '{key}'")
+            sub = cur.u32(f"array type of {key!r}")
+            count = cur.u64(f"array length of {key!r}")
             if sub == _T.STRING:
-                cur.skip_strings(count, f"array '{key}'")
+                cur.skip_strings(count, f"array {key!r}")
             elif sub in _SCALAR:
-                cur.need(count * _SCALAR[sub][1], f"array '{key}'")
+                cur.need(count * _SCALAR[sub][1], f"array {key!r}")
             else:
-                raise ShardError(path, f"key '{key}' has an array of invalid type {sub}")
+                raise ShardError(path, f"key {key!r} has an array of invalid type {sub}")
             encoded = bytes(buf[start : cur.pos])
             if sub == _T.BOOL:  # llama.cpp reads bools as `byte != 0` and writes 0/1
                 body = len(encoded) - count
                 encoded = encoded[:body] + bytes(b != 0 for b in encoded[body:])
         elif vtype == _T.STRING:
-            value = cur.string(f"value of '{key}'")
+            value = cur.string(f"value of {key!r}")
             encoded = bytes(buf[start : cur.pos])
         elif vtype in _SCALAR:
             fmt, n = _SCALAR[vtype]
-            value = struct.unpack_from(fmt, buf, cur.need(n, f"value of '{key}'"))[0]
+            value = struct.unpack_from(fmt, buf, cur.need(n, f"value of {key!r}"))[0]
             if vtype == _T.BOOL:
                 value = int(value != 0)
                 encoded = bytes(buf[start : cur.pos - 1]) + bytes([value])
             else:
                 encoded = bytes(buf[start : cur.pos])
         else:
-            raise ShardError(path, f"key '{key}' has invalid type {vtype}")
+            raise ShardError(path, f"key {key!r} has invalid type {vtype}")
         kvs.append(KeyValue(key, vtype, encoded, value))
 
     alignment = GGUF_DEFAULT_ALIGNMENT
@@ -251,26 +287,30 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
     for i in range(n_tensors):
         name = cur.string(f"name of tensor {i}")
         if len(name.encode("utf-8", errors="surrogateescape")) >= GGML_MAX_NAME:
-            raise ShardError(path, f"tensor name '{name}' is {len(name)} bytes, limit is 63")
+            raise ShardError(path, f"tensor name {name!r} is {len(name)} bytes, limit is 63")
+        if "\0" in name:
+            raise ShardError(path, f"tensor name {name!r} contains a NUL byte")
         if name in names:
-            raise ShardError(path, f"duplicate tensor '{name}'")
+            raise ShardError(path, f"duplicate tensor {name!r}")
         names.add(name)
-        n_dims = cur.u32(f"dimensions of '{name}'")
+        n_dims = cur.u32(f"dimensions of {name!r}")
         if n_dims > GGML_MAX_DIMS:
-            raise ShardError(path, f"tensor '{name}' has {n_dims} dimensions, at most 4 allowed")
-        ne = struct.unpack_from(f"<{n_dims}q", buf, cur.need(8 * n_dims, f"shape of '{name}'"))
+            raise ShardError(path, f"tensor {name!r} has {n_dims} dimensions, at most 4 allowed")
+        ne = struct.unpack_from(f"<{n_dims}q", buf, cur.need(8 * n_dims, f"shape of {name!r}"))
         if any(d < 0 for d in ne):
-            raise ShardError(path, f"tensor '{name}' has a negative dimension {ne}")
-        ggml_type = cur.u32(f"type of '{name}'")
-        offset = cur.u64(f"offset of '{name}'")
+            raise ShardError(path, f"tensor {name!r} has a negative dimension {ne}")
+        ggml_type = cur.u32(f"type of {name!r}")
+        offset = cur.u64(f"offset of {name!r}")
         sizes = GGML_QUANT_SIZES.get(ggml_type)  # type: ignore[call-overload]
         if sizes is None:
-            raise ShardError(path, f"tensor '{name}' has unknown ggml type {ggml_type}")
+            raise ShardError(path, f"tensor {name!r} has unknown ggml type {ggml_type}")
         block, type_size = sizes
-        if ne and ne[0] % block:
+        row = ne[0] if ne else 1  # llama.cpp fills missing dimensions with 1
+        if row % block:
             raise ShardError(
                 path,
-                f"tensor '{name}' rows of {ne[0]} are not a multiple of the block size {block}",
+                f"tensor {name!r} rows of {row} are not a multiple of the block size {block}"
+                + (" (0 dimensions: a row of 1 element)" if not ne else ""),
             )
         nelem = 1
         for d in ne:
@@ -279,7 +319,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
         if offset != expected:
             raise ShardError(
                 path,
-                f"tensor '{name}' has data offset {offset}, expected {expected} "
+                f"tensor {name!r} has data offset {offset}, expected {expected} "
                 f"(tensor data must be contiguous at alignment {alignment})",
             )
         expected += pad(nbytes, alignment)
@@ -292,7 +332,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
         raise ShardError(
             path,
             f"truncated: tensor data ends at byte {header.data_end} but the file has {size} bytes "
-            f"(tensor '{first.name}' is incomplete)",
+            f"(tensor {first.name!r} is incomplete)",
         )
     return header
 
@@ -322,6 +362,8 @@ def find_shards(shard: Path) -> list[Path]:
     paths = [shard.with_name(split_path(m["prefix"], i, count)) for i in range(count)]
     for i, p in enumerate(paths):
         if not p.is_file():
+            if p.exists():  # a FIFO or device planted in the set: never opened
+                raise ShardError(p, f"shard {i + 1} of {count} is not a regular file")
             raise ShardError(p, f"missing shard {i + 1} of {count}")
     return paths
 
@@ -340,6 +382,8 @@ class Copy:
 class ShardPlan:
     path: Path
     copies: list[Copy] = field(default_factory=list)
+    fd: int = -1  # the validated file's descriptor (Header.fd)
+    identity: tuple[int, int, int] = (0, 0, 0)  # (st_dev, st_ino, st_size) when validated
 
     @property
     def nbytes(self) -> int:
@@ -359,10 +403,16 @@ class MergePlan:
         return self.total_size - len(self.header)
 
 
-def read_set(paths: list[Path]) -> list[Header]:
-    """Parse every shard and check the split keys, the file names and the tensor names."""
+def read_set(paths: list[Path], fds: list[int] | None = None) -> list[Header]:
+    """Parse every shard and check the split keys, the file names and the tensor names.
+
+    FDS (one per path, from open_shard) are read through and left open for the caller.
+    """
     count = len(paths)
-    headers = [read_header(p) for p in paths]
+    if fds is None:
+        headers = [read_header(p) for p in paths]
+    else:
+        headers = [read_header(p, fd) for p, fd in zip(paths, fds, strict=True)]
     total = sum(len(h.tensors) for h in headers)
     first_of: dict[tuple[int, int], int] = {}
     owner: dict[str, int] = {}
@@ -400,7 +450,7 @@ def read_set(paths: list[Path]) -> list[Header]:
             if t.name in owner:
                 j = owner[t.name]
                 raise ShardError(
-                    p, f"duplicate tensor '{t.name}': also in shard {j + 1} ({paths[j]})"
+                    p, f"duplicate tensor {t.name!r}: also in shard {j + 1} ({paths[j]})"
                 )
             owner[t.name] = i
     if tensors_count != total:
@@ -467,7 +517,7 @@ def plan_merge(headers: list[Header]) -> MergePlan:
     shards: list[ShardPlan] = []
     it = iter(layout)
     for h in headers:
-        sp = ShardPlan(h.path)
+        sp = ShardPlan(h.path, fd=h.fd, identity=(*h.dev_ino, h.file_size))
         for t in h.tensors:
             _, out_off = next(it)
             sp.copies.append(

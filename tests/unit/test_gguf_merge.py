@@ -12,6 +12,7 @@ from pathlib import Path
 import gguf_merge
 import numpy as np
 import pytest
+import safe_files
 from gguf import GGUFReader
 from support.gguf_fixtures import (
     Q,
@@ -85,16 +86,21 @@ def test_force_replaces_existing_output(tmp_path):
     out.write_bytes(b"old")
     assert gguf_merge.main(["--no-progress", "--force", str(shards[0]), str(out)]) == 0
     assert out.read_bytes()[:4] == b"GGUF"
-    assert not (tmp_path / "m.gguf.tmp").exists()
+    assert sorted(tmp_path.iterdir()) == sorted([*shards, out])
 
 
-def test_stale_temp_file_is_replaced(tmp_path, capsys):
+def test_stale_temp_file_is_removed_and_reported(tmp_path, capsys):
     shards = write_split(tmp_path, glm_dsa_tensors(), 3)
     out = tmp_path / "m.gguf"
-    (tmp_path / "m.gguf.tmp").write_bytes(b"x" * 100_000)  # left by a SIGKILLed merge
+    stale = safe_files.temp_name(out)
+    stale.write_bytes(b"x" * 100_000)  # left by a SIGKILLed merge
     assert gguf_merge.main(["--no-progress", str(shards[0]), str(out)]) == 0
-    assert "replacing a stale file" in capsys.readouterr().err
-    assert not (tmp_path / "m.gguf.tmp").exists()
+    assert capsys.readouterr().err == (
+        f"warning: {stale}: removed the temp file of an interrupted merge (100000 bytes)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*(s.name for s in shards), "m.gguf"]
+    )
     assert_merged_matches(out, shards, glm_dsa_tensors(), 32)
 
 
