@@ -259,7 +259,7 @@ def test_stream_stalls_past_timeout(capsys, tmp_path, behaviour, server) -> None
         "concurrency": "fail",
     }
     stall = (
-        "stream stalled after 0 chunks: no data within 0.3 s (--timeout) from POST "
+        "stream not finished within 0.3 s (--timeout) after 0 chunks from POST "
         f"{server.base_url}/chat/completions"
     )
     assert err == [
@@ -478,7 +478,10 @@ def test_report_write_failure(capsys, tmp_path, server) -> None:
     rc = smoke_test.main(["--base-url", server.base_url, "--api-key", KEY, "--json", str(target)])
     assert rc == 1
     err = capsys.readouterr().err
-    assert err == f"error: --json: cannot write {target}: Is a directory\n"
+    # safe_files refuses to replace anything but a regular file
+    assert (
+        err == f"error: --json: cannot write {target}: {target} exists and is not a regular file\n"
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]  # temporary file removed
 
 
