@@ -249,9 +249,9 @@ def test_timeout(capsys, tmp_path, behaviour, server) -> None:
 
 
 def test_stream_stalls_past_timeout(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.first_chunk_delay_s = 5
+    behaviour.first_chunk_delay_s = 8
     rc, _, err, report = run(
-        capsys, tmp_path, server.base_url, "--api-key", KEY, "--timeout", "0.3", "--requests", "2"
+        capsys, tmp_path, server.base_url, "--api-key", KEY, "--timeout", "1.5", "--requests", "2"
     )
     assert rc == 1
     assert statuses(report) == {c: "pass" for c in CHECKS} | {
@@ -259,7 +259,7 @@ def test_stream_stalls_past_timeout(capsys, tmp_path, behaviour, server) -> None
         "concurrency": "fail",
     }
     stall = (
-        "stream not finished within 0.3 s (--timeout) after 0 chunks from POST "
+        "stream not finished within 1.5 s (--timeout) after 0 chunks from POST "
         f"{server.base_url}/chat/completions"
     )
     assert err == [
