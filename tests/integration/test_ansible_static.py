@@ -112,11 +112,9 @@ def test_service_unit_serves_the_gguf_the_design_way() -> None:
     assert "--api-key" not in unit  # the key comes from the 0600 env file, never argv
 
 
-def test_make_deploy_reaches_a_bare_host_and_localhost_locally() -> None:
+def test_make_deploy_resolves_host_with_the_inventory_tool() -> None:
     bare = make("deploy", "-n", HOST="10.0.0.5").output
-    assert '-i "10.0.0.5," -l "10.0.0.5"' in bare
-    assert "ansible_connection=local" not in bare
-    local = make("deploy", "-n").output
-    assert '-l "localhost" -e ansible_connection=local' in local
+    assert 'scripts/ansible_targets.py --host "10.0.0.5"' in bare
+    assert '-i "10.0.0.5,"' not in bare  # the tool decides: a group name is no bare host
     check = make("deploy", "-n", CHECK="1").output
     assert re.search(r"playbooks/site\.yml\s+--check --diff", check)
