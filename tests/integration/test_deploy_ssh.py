@@ -336,12 +336,18 @@ def test_fabric_status_and_verify_against_the_same_sshd(target: dict) -> None:
         timeout=300,
         check=False,
     )
-    assert status.returncode == 0, status.stdout + status.stderr
+    # Deployed, but no systemd runs the service here and nothing answers /health: unhealthy.
+    assert status.returncode == 1, status.stdout + status.stderr
     port = target["vars"]["vllm_service_port"]
     assert f"== {HOST}" in status.stdout
+    assert "not deployed" not in status.stdout
     assert "gpu:     no nvidia-smi" in status.stdout
     assert "driver:  not loaded" in status.stdout
     assert f"health:  http://127.0.0.1:{port}/health down" in status.stdout
+    if HAVE_PATCHES:
+        assert "patches: patched: " in status.stdout
+    assert f"{HOST}: UNHEALTHY: service " in status.stdout
+    assert status.stderr.strip().splitlines()[-1] == f"error: unhealthy: {HOST}"
     logs = subprocess.run(
         [str(VENV_BIN / "fab"), "-H", HOST, "logs", "--lines", "5"],
         cwd=REPO,

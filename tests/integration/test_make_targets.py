@@ -55,6 +55,36 @@ def test_placeholder_host_is_refused_before_any_connection(target: str) -> None:
     assert "PLAY" not in result.output and "192.0.2" not in result.output
 
 
+@NO_REAL_INVENTORY
+@pytest.mark.parametrize("target", ["status", "cluster-status"])
+def test_fab_targets_without_an_inventory_say_so_in_one_line(target: str) -> None:
+    result = make(target)
+    assert result.rc != 0
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors == [
+        "error: no inventory: create inventory/hosts.yml (copy inventory/hosts.example.yml or"
+        " cluster.example.yml and put your hosts' addresses in it), or set GLM5_INVENTORY"
+    ]
+    assert "Traceback" not in result.output
+
+
+def test_fab_status_on_hosts_never_deployed_says_so_and_fails(cluster_inventory: Path) -> None:
+    result = make("status", INVENTORY=str(cluster_inventory), HOST="glm5_cluster")
+    assert result.rc != 0
+    for host in ("node-a", "node-b"):
+        assert f"not deployed: run make deploy HOST={host} first (missing " in result.output
+        assert f"{host}: UNHEALTHY: not deployed" in result.output
+    assert "error: unhealthy: node-a, node-b" in result.output
+    assert "No such file or directory" not in result.output  # no raw shell error as a "state"
+
+
+def test_fab_status_with_a_mistyped_inventory_is_one_error_line(tmp_path: Path) -> None:
+    result = make("status", INVENTORY=str(tmp_path / "typo.yml"))
+    assert result.rc != 0
+    assert f"error: inventory {tmp_path}/typo.yml not found" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_make_deploy_with_a_missing_inventory_file_is_one_error_line(tmp_path: Path) -> None:
     result = make("deploy", HOST="gpu01", INVENTORY=str(tmp_path / "typo.yml"))
     assert result.rc != 0
