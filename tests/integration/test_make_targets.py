@@ -155,3 +155,36 @@ def test_make_setup_on_a_ready_env_says_what_next(tmp_path: Path) -> None:
     assert result.rc == 0, result.output
     assert f"controller env ready: {venv} (Python 3." in result.output
     assert "next: cp inventory/hosts.example.yml inventory/hosts.yml" in result.output
+
+
+@pytest.mark.parametrize(
+    ("target", "check"), [("verify-patches", ""), ("smoke", ""), ("smoke", "1")]
+)
+def test_day2_targets_on_a_host_never_deployed_say_so_in_one_line(
+    tmp_path: Path, target: str, check: str
+) -> None:
+    """This box was never deployed (paths in an empty temp dir: a real /opt cannot hide that)."""
+    vars_file = tmp_path / "vars.yml"
+    vars_file.write_text(yaml.safe_dump({"glm5_install_dir": str(tmp_path / "opt")}))
+    before = sorted(tmp_path.rglob("*"))
+    result = make(target, CHECK=check, VARS=str(vars_file))
+    assert result.rc != 0
+    assert (
+        f"error: localhost: not deployed: run make deploy HOST=localhost first (missing"
+        f" {tmp_path}/opt/venv/bin/python" in result.output
+    )
+    assert "rc: 127" not in result.output and "File not found" not in result.output
+    assert result.recap("localhost")["changed"] == 0
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written
+
+
+@pytest.mark.slow
+def test_vars_file_with_a_typo_is_warned_about(tmp_path: Path) -> None:
+    vars_file = tmp_path / "overrides.yml"
+    vars_file.write_text('{"vllm_service_port": 8123, "vllm_servce_port": 1, "ansible_user": "x"}')
+    result = make("deploy", CHECK="1", VARS=str(vars_file), ANSIBLE_ARGS="--tags preflight")
+    assert (
+        f"warning: {vars_file}: unknown variable(s) vllm_servce_port: no role default or"
+        " inventory/group_vars/all.yml entry has that name" in result.output
+    )
+    assert "vllm_service_port," not in result.output and "ansible_user" not in result.output
