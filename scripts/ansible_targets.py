@@ -125,8 +125,18 @@ class HostVars:
     """A host's variables as a play sees them (role defaults < inventory), rendered by Ansible."""
 
     def __init__(self, name: str, explicit_inventory: str | os.PathLike | None = None) -> None:
-        from ansible.template import Templar
+        from ansible.template import Templar, trust_as_template
         from ansible.vars.manager import VariableManager
+
+        def trusted(value):
+            # Role defaults are the repository's own code: their Jinja is meant to be rendered.
+            if isinstance(value, str):
+                return trust_as_template(value)
+            if isinstance(value, list):
+                return [trusted(v) for v in value]
+            if isinstance(value, dict):
+                return {k: trusted(v) for k, v in value.items()}
+            return value
 
         user = inventory_file(explicit_inventory)
         sources = [LOCAL_INVENTORY] + ([user] if user else [])
@@ -135,7 +145,7 @@ class HostVars:
             inv.add_host(name, group="all")  # a bare host still gets group_vars/all.yml
         variables: dict = {}
         for defaults in sorted(ROLES.glob("*/defaults/main.yml")):
-            variables.update(loader.load_from_file(str(defaults)) or {})
+            variables.update(trusted(loader.load_from_file(str(defaults)) or {}))
         variables.update(
             VariableManager(loader=loader, inventory=inv).get_vars(host=inv.get_host(name))
         )

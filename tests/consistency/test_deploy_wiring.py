@@ -126,3 +126,26 @@ def test_fabfiles_restate_no_role_default() -> None:
         text = (REPO / name).read_text()
         for literal in ("glm5-vllm", "glm5-ray", "8000", "/opt/glm5", "6379", "hosts.example"):
             assert literal not in text.split('"""', 2)[2], f"{name} restates {literal}"
+
+
+def test_group_vars_restate_no_role_default() -> None:
+    group_vars = _yaml(REPO / "inventory/group_vars/all.yml")
+    defaults: dict = {}
+    for path in sorted(ROLES.glob("*/defaults/main.yml")):
+        defaults |= _yaml(path)
+    for name, value in group_vars.items():
+        if name.startswith("glm5_"):
+            assert name not in defaults, name
+            continue
+        assert name in defaults, f"{name} in group_vars belongs to no role"
+        assert isinstance(value, str) and "{{" in value, f"{name}: restates its role default"
+
+
+def test_an_inline_group_var_of_the_cluster_example_is_not_shadowed_by_group_vars() -> None:
+    """group_vars/all.yml outranks inline inventory vars: restating a default there hid them."""
+    import ansible_targets
+
+    inventory = REPO / "inventory/cluster.example.yml"
+    gpu02 = ansible_targets.HostVars("gpu02", inventory)
+    assert gpu02["gguf_weights_shard_dir"] == "/data/GLM-5-GGUF/Q4_K_M"
+    assert gpu02["vllm_runtime_vllm_version"] == "0.23.0"  # role default -> the group_vars pin

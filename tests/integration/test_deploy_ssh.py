@@ -323,6 +323,26 @@ def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
     assert any(auth is None for _, _, auth in server.requests)  # the 401 check ran
 
 
+@pytest.mark.skipif(not HAVE_SMOKE, reason="scripts/smoke_test.py not merged yet")
+def test_smoke_in_check_mode_writes_no_report_on_the_host(target: dict) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "fake_openai_server", REPO / "tests/smoke/fake_openai_server.py"
+    )
+    fake = importlib.util.module_from_spec(spec)
+    sys.modules["fake_openai_server"] = fake
+    spec.loader.exec_module(fake)
+    key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
+    report = Path(target["vars"]["vllm_service_home"]) / "smoke.json"
+    report.unlink(missing_ok=True)
+    behaviour = fake.Behaviour(models=["glm-5"], api_key=key)
+    with fake.FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
+        result = _by_name(target, "smoke", CHECK="1")
+    assert result.rc == 0, result.output[-4000:]
+    assert result.recap(HOST)["changed"] == 0
+    assert server.requests  # the endpoint was really checked
+    assert not report.exists()
+
+
 def test_fabric_status_and_verify_against_the_same_sshd(target: dict) -> None:
     env = dict(os.environ, GLM5_INVENTORY=str(target["inventory"]))
     if not HAVE_PATCHES:
