@@ -110,7 +110,8 @@ BENCH_KERNELS_ARGS ?=
 bench-kernels: ## Time the Triton sparse MLA + indexer kernels (GPU host)
 	@if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then \
 	  echo "bench-kernels: skipped: no CUDA GPU here (nvidia-smi -L lists none); the runtime env was not built"; exit 0; fi; \
-	  $(MAKE) --no-print-directory runtime >/dev/null && $(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
+	  $(MAKE) --no-print-directory runtime >/dev/null && \
+	  PYTHONPATH=tests:scripts:backend/src $(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
 
 # --- Deployment (playbooks/, issue 7) ---------------------------------------------------------
 # scripts/ansible_targets.py turns HOST into ansible-playbook's inventory options: an inventory
