@@ -75,6 +75,16 @@ def _write_shards(directory: Path) -> None:
         writer.close()
 
 
+def _fake_openai_server():
+    spec = importlib.util.spec_from_file_location(
+        "fake_openai_server", REPO / "tests/smoke/fake_openai_server.py"
+    )
+    fake = importlib.util.module_from_spec(spec)
+    sys.modules["fake_openai_server"] = fake
+    spec.loader.exec_module(fake)
+    return fake
+
+
 class _Health(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802  (http.server's name)
         self.send_response(200 if self.path == "/health" else 404)
@@ -307,12 +317,7 @@ def test_patch_drift_stops_verify_with_the_tools_message(target: dict) -> None:
 @pytest.mark.skipif(not HAVE_SMOKE, reason="scripts/smoke_test.py not merged yet")
 def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
     """make smoke runs smoke_test.py on the host against a stand-in OpenAI server on the port."""
-    spec = importlib.util.spec_from_file_location(
-        "fake_openai_server", REPO / "tests/smoke/fake_openai_server.py"
-    )
-    fake = importlib.util.module_from_spec(spec)
-    sys.modules["fake_openai_server"] = fake
-    spec.loader.exec_module(fake)
+    fake = _fake_openai_server()
     key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
     behaviour = fake.Behaviour(models=["glm-5"], api_key=key)
     with fake.FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
@@ -325,12 +330,7 @@ def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
 
 @pytest.mark.skipif(not HAVE_SMOKE, reason="scripts/smoke_test.py not merged yet")
 def test_smoke_in_check_mode_writes_no_report_on_the_host(target: dict) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "fake_openai_server", REPO / "tests/smoke/fake_openai_server.py"
-    )
-    fake = importlib.util.module_from_spec(spec)
-    sys.modules["fake_openai_server"] = fake
-    spec.loader.exec_module(fake)
+    fake = _fake_openai_server()
     key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
     report = Path(target["vars"]["vllm_service_home"]) / "smoke.json"
     report.unlink(missing_ok=True)
