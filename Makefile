@@ -37,7 +37,9 @@ python-check:
 	@$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
 	  { echo "error: $(PYTHON) has no venv/ensurepip module: apt-get install python3-venv (or python$$($(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])')-venv)" >&2; exit 2; }
 
-$(VENV)/.installed: requirements/controller.txt | python-check
+# The check runs only when an env is (re)built: an existing .venv keeps working whatever python3 is.
+$(VENV)/.installed: requirements/controller.txt
+	@$(MAKE) --no-print-directory python-check
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements/controller.txt
@@ -46,7 +48,8 @@ $(VENV)/.installed: requirements/controller.txt | python-check
 setup: $(VENV)/.installed ## Create the controller env .venv (first command on a new machine)
 	@echo "controller env ready: $(VENV) ($$($(PY) -V)); next: cp inventory/hosts.example.yml inventory/hosts.yml, edit it, then make deploy HOST=<name> (make help lists the rest)"
 
-$(RUNTIME_VENV)/.installed: | python-check
+$(RUNTIME_VENV)/.installed:
+	@$(MAKE) --no-print-directory python-check
 	$(PYTHON) scripts/cached_venv.py --python $(PYTHON) --requirements $(RUNTIME_REQ) $(RUNTIME_VENV)
 
 runtime: | $(RUNTIME_VENV)/.installed ## Build the cached vLLM 0.23.0 runtime env (~9 GB, ~8 min once)
