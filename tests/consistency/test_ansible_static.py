@@ -82,17 +82,25 @@ def test_templates_carry_the_ansible_managed_header(role: str) -> None:
     for template in (REPO / "playbooks/roles" / role / "templates").glob("*.j2"):
         first = template.read_text().splitlines()[0]
         # data for lookups, never files on a host
-        if template.name in ("refusals.j2", "stamp.j2", "probe_targets.j2", "report_diff.j2"):
+        lookups = (
+            "refusals.j2",
+            "stamp.j2",
+            "probe_targets.j2",
+            "report_diff.j2",
+            "unknown_vars.j2",
+        )
+        if template.name in lookups:
             continue
         assert first == "{{ ansible_managed | comment }}", template
 
 
-def test_role_pins_equal_the_group_vars_pins() -> None:
+def test_role_pins_refer_to_the_group_vars_pins() -> None:
     group_vars = yaml.safe_load((REPO / "inventory/group_vars/all.yml").read_text())
     runtime = yaml.safe_load((REPO / "playbooks/roles/vllm_runtime/defaults/main.yml").read_text())
     for package in ("vllm", "transformers", "torch", "gguf"):
-        assert runtime[f"vllm_runtime_{package}_version"] == group_vars[f"glm5_{package}_version"]
-        assert group_vars[f"vllm_runtime_{package}_version"] == f"{{{{ glm5_{package}_version }}}}"
+        assert group_vars[f"glm5_{package}_version"]
+        assert runtime[f"vllm_runtime_{package}_version"] == f"{{{{ glm5_{package}_version }}}}"
+        assert f"vllm_runtime_{package}_version" not in group_vars  # one home: the pin
 
 
 def test_service_unit_serves_the_gguf_the_design_way() -> None:
@@ -114,12 +122,10 @@ def test_service_unit_serves_the_gguf_the_design_way() -> None:
     assert "--api-key" not in unit  # the key comes from the 0600 env file, never argv
 
 
-def test_make_deploy_reaches_a_bare_host_and_localhost_locally() -> None:
+def test_make_deploy_resolves_host_with_the_inventory_tool() -> None:
     bare = make("deploy", "-n", HOST="10.0.0.5").output
-    assert '-i "10.0.0.5," -l "10.0.0.5"' in bare
-    assert "ansible_connection=local" not in bare
-    local = make("deploy", "-n").output
-    assert '-l "localhost" -e ansible_connection=local' in local
+    assert 'scripts/ansible_targets.py --host "10.0.0.5"' in bare
+    assert '-i "10.0.0.5,"' not in bare  # the tool decides: a group name is no bare host
     check = make("deploy", "-n", CHECK="1").output
     assert re.search(r"playbooks/site\.yml\s+--check --diff", check)
 

@@ -311,15 +311,33 @@ def _fab(env: dict[str, str], *task: str, timeout: int = 300) -> subprocess.Comp
     )  # fmt: skip
 
 
+def test_smoke_in_check_mode_writes_no_report_on_the_host(target: dict) -> None:
+    key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
+    report = Path(target["vars"]["vllm_service_home"]) / "smoke.json"
+    report.unlink(missing_ok=True)
+    behaviour = Behaviour(models=["glm-5"], api_key=key)
+    with FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
+        result = _by_name(target, "smoke", CHECK="1")
+    assert result.rc == 0, result.output[-4000:]
+    assert result.recap(HOST)["changed"] == 0
+    assert server.requests  # the endpoint was really checked
+    assert not report.exists()
+
+
 def test_fabric_status_and_verify_against_the_same_sshd(target: dict) -> None:
     env = dict(os.environ, GLM5_INVENTORY=str(target["inventory"]))
     status = _fab(env, "status")
-    assert status.returncode == 0, status.stdout + status.stderr
+    # Deployed, but no systemd runs the service here and nothing answers /health: unhealthy.
+    assert status.returncode == 1, status.stdout + status.stderr
     port = target["vars"]["vllm_service_port"]
     assert f"== {HOST}" in status.stdout
+    assert "not deployed" not in status.stdout
     assert "gpu:     no nvidia-smi" in status.stdout
     assert "driver:  not loaded" in status.stdout
     assert f"health:  http://127.0.0.1:{port}/health down" in status.stdout
+    assert "patches: patched: " in status.stdout
+    assert f"{HOST}: UNHEALTHY: service " in status.stdout
+    assert status.stderr.strip().splitlines()[-1] == f"error: unhealthy: {HOST}"
     logs = _fab(env, "logs", "--lines", "5")
     assert logs.returncode == 0 and f"== {HOST}" in logs.stdout
     verify = _fab(env, "verify", timeout=600)
