@@ -220,6 +220,28 @@ def write_native_split(path: Path, tensors: list[Tensor], split_max_tensors: int
     return sorted(path.parent.glob(f"{path.stem}-*-of-*.gguf"))
 
 
+def write_raw_set(directory: Path, tensors: list[tuple[str, np.ndarray, tuple, Q]]) -> list[Path]:
+    """Two shards `raw-0000N-of-00002.gguf` (split keys only, then TENSORS: (name, raw bytes as a
+    non-uint8 array, raw shape, type)), so a shape Tensor cannot express (0 dimensions) reaches
+    the file as written."""
+    paths = []
+    for i, group in enumerate([[], tensors]):
+        path = shard_path(directory, "raw", i, 2)
+        w = GGUFWriter(path, "glm-dsa")
+        if i:
+            w.kv_data[0].clear()
+        for key, value, vtype in llama_split_keys(i, 2, len(tensors)):
+            w.add_key_value(key, value, vtype)
+        for name, data, shape, qtype in group:
+            w.add_tensor(name, data, raw_shape=shape, raw_dtype=qtype)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        paths.append(path)
+    return paths
+
+
 def _write_tensors_and_close(w: GGUFWriter, tensors: list[Tensor]) -> None:
     for t in tensors:
         raw_dtype = None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type  # quantized: raw bytes

@@ -24,12 +24,11 @@ import gguf_merge
 import numpy as np
 import pytest
 import safe_files
-from gguf import GGMLQuantizationType, GGUFWriter
+from gguf import GGMLQuantizationType
 from support.gguf_fixtures import (
     assert_merged_matches,
     glm_dsa_tensors,
-    llama_split_keys,
-    shard_path,
+    write_raw_set,
     write_split,
 )
 
@@ -487,27 +486,6 @@ def test_nul_byte_in_a_key_is_refused(tmp_path, capsys):
         capsys, [str(shards[0]), str(tmp_path / "m.gguf")],
         rf"error: {re.escape(str(shards[0]))}: key 'general\.name\\x00x' contains a NUL byte",
     )  # fmt: skip
-
-
-def write_raw_set(directory: Path, tensors: list[tuple[str, np.ndarray, tuple, Q]]) -> list[Path]:
-    """Two shards (metadata, then TENSORS), each tensor written with an explicit raw shape,
-    so a shape gguf_fixtures cannot express (0 dimensions) reaches the file."""
-    paths = []
-    for i, group in enumerate([[], tensors]):
-        path = shard_path(directory, "raw", i, 2)
-        w = GGUFWriter(path, "glm-dsa")
-        if i:
-            w.kv_data[0].clear()
-        for key, value, vtype in llama_split_keys(i, 2, len(tensors)):
-            w.add_key_value(key, value, vtype)
-        for name, data, shape, qtype in group:
-            w.add_tensor(name, data, raw_shape=shape, raw_dtype=qtype)
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_tensors_to_file()
-        w.close()
-        paths.append(path)
-    return paths
 
 
 def test_quantized_tensor_with_0_dimensions_is_refused(tmp_path, capsys):

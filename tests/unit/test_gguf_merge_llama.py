@@ -10,12 +10,14 @@ from pathlib import Path
 
 import gguf_format
 import gguf_merge
+import numpy as np
 import pytest
 from support.gguf_fixtures import (
     Q,
     assert_merged_matches,
     glm_dsa_tensors,
     write_native_split,
+    write_raw_set,
     write_split,
 )
 
@@ -91,9 +93,6 @@ def test_llama_cpp_cuts_a_tensor_name_at_nul_which_the_merger_refuses(tmp_path, 
 
 
 def test_llama_cpp_refuses_a_quantized_tensor_with_0_dimensions(tmp_path, llama_gguf_split):
-    import numpy as np
-    from test_gguf_merge_hostile import write_raw_set
-
     shards = write_raw_set(tmp_path, [("a.weight", np.zeros(34, np.int8), (), Q.Q8_0)])
     proc = subprocess.run(
         [str(llama_gguf_split), "--merge", str(shards[0]), str(tmp_path / "llama.gguf")],
@@ -105,9 +104,6 @@ def test_llama_cpp_refuses_a_quantized_tensor_with_0_dimensions(tmp_path, llama_
 
 
 def test_f32_tensor_with_0_dimensions_identical_to_llama_gguf_split(tmp_path, llama_gguf_split):
-    import numpy as np
-    from test_gguf_merge_hostile import write_raw_set
-
     (tmp_path / "in").mkdir()
     shards = write_raw_set(tmp_path / "in", [("s.weight", np.arange(4, dtype=np.int8), (), Q.F32)])
     ours, theirs = _both(llama_gguf_split, shards, tmp_path)
