@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 from deploy_helpers import REPO, Result, make
-from support import nspawn_targets
+from support import nspawn_targets, nvidia_repo_standin
 from support.nspawn_targets import Node, Targets
 
 pytestmark = pytest.mark.slow
@@ -64,10 +64,10 @@ def write_inventory(t: Targets, hosts: dict[str, dict[str, object]]) -> Path:
     return inv / "hosts.yml"
 
 
-def deploy(inventory: Path, *args: str, check: bool = False) -> Result:
+def deploy(inventory: Path, *args: str, check: bool = False, host: str = HOST) -> Result:
     flags = " ".join(("--skip-tags", SKIP_TAGS, *args))
     extra = {"CHECK": "1"} if check else {}
-    return make("deploy", HOST=HOST, INVENTORY=str(inventory), ANSIBLE_ARGS=flags, **extra)
+    return make("deploy", HOST=host, INVENTORY=str(inventory), ANSIBLE_ARGS=flags, **extra)
 
 
 def main_pid(node: Node) -> int:
@@ -227,3 +227,75 @@ def test_vllm_unit_exposure_at_most_5_and_still_serves(deployed) -> None:
     pid = str(main_pid(node))
     caps = node.run("grep", "^CapBnd:", f"/proc/{pid}/status").stdout.split()[1]
     assert int(caps, 16) == 0
+
+
+# --- The NVIDIA roles for real, against the stand-in repository ------------------------------
+GPU_HOST = "gpu02"
+REPO_PORT = 8765
+
+
+def dpkg_versions(node: Node, *packages: str) -> dict[str, str]:
+    out = node.run("dpkg-query", "-W", "-f", "${Package} ${Version} ${db:Status-Status}\\n",
+                   *packages).stdout  # fmt: skip
+    return {p: v for p, v, status in (line.split() for line in out.splitlines())
+            if status == "installed"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def nvidia_deployed(target: tuple[Targets, Node, Path]) -> tuple[Node, Path, Result]:
+    t, _, _ = target
+    url = f"http://{t.gateway}:{REPO_PORT}"
+    repo = t.work / "repo"
+    keyring = nvidia_repo_standin.build(repo, url, distdir="debian12")
+    t.serve(repo, REPO_PORT)
+    node = t.add(GPU_HOST)
+    seed_runtime_standin(node)
+    nvidia_repo_standin.point_node_at_distro_standin(node.root, keyring, url)
+    node.run("apt-get", "update", "-q", check=True)  # a real host has its archive's lists
+    hostvars = {
+        **node.ansible_vars(),
+        **SWITCHES,
+        "nvidia_driver_enabled": True,
+        "cuda_toolkit_enabled": True,
+        "nvidia_driver_repo_base": f"{url}/compute/cuda/repos",
+        "nvidia_driver_reboot_allowed": True,  # the container restarts: a real reboot
+        "nvidia_driver_reboot_timeout": 120,
+    }
+    inventory = write_inventory(t, {GPU_HOST: hostvars})
+    boot_id = node.run("cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
+    result = deploy(inventory, host=GPU_HOST)
+    assert result.rc == 0, result.output[-6000:]
+    node.boots_seen = boot_id  # type: ignore[attr-defined]
+    return node, inventory, result
+
+
+def test_nvidia_roles_install_standin_repo_packages_and_reboot(nvidia_deployed) -> None:
+    node, _, result = nvidia_deployed
+    assert dpkg_versions(node, *nvidia_repo_standin.PACKAGES) == nvidia_repo_standin.PACKAGES
+    assert (
+        "RUNNING HANDLER [nvidia_driver : Driver | Reboot to load the new module]" in result.output
+    )
+    # A real reboot: the container's systemd started again (new boot id, nspawn exited 133).
+    boot_id = node.run("cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
+    assert boot_id and boot_id != node.boots_seen  # type: ignore[attr-defined]
+    assert "[supervisor] nspawn rc=133" in (node.dir / "console.log").read_text()
+    smi = node.run("nvidia-smi", "--query-gpu=name,driver_version,compute_cap").stdout
+    assert ", 580.95.05, 12.0" in smi
+    nvcc = node.run("/usr/local/cuda-13.0/bin/nvcc", "--version").stdout
+    assert "release 13.0" in nvcc
+    assert node.run("systemctl", "is-active", "nvidia-persistenced").stdout.strip() == "active"
+    # ... and the service came up after it, under systemd.
+    assert node.run("systemctl", "is-active", UNIT).stdout.strip() == "active"
+    assert health(node) == "200"
+
+
+def test_nvidia_standin_second_converge_and_check_diff_change_nothing(nvidia_deployed) -> None:
+    node, inventory, _ = nvidia_deployed
+    boot_id = node.run("cat", "/proc/sys/kernel/random/boot_id").stdout.strip()
+    again = deploy(inventory, host=GPU_HOST)
+    assert again.rc == 0, again.output[-4000:]
+    assert again.recap(GPU_HOST)["changed"] == 0, again.output[-4000:]
+    check = deploy(inventory, host=GPU_HOST, check=True)
+    assert check.rc == 0, check.output[-4000:]
+    assert check.recap(GPU_HOST)["changed"] == 0, check.output[-4000:]
+    assert node.run("cat", "/proc/sys/kernel/random/boot_id").stdout.strip() == boot_id
