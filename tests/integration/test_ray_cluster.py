@@ -254,6 +254,10 @@ class Cluster:
             "ray_cluster_user": "root",  # the cached venv lives under /root
             "ray_cluster_group": "root",
             "ray_cluster_create_user": False,
+            "ray_cluster_socket_users": [],
+            # nftables in the shared host network namespace: tested on nspawn nodes instead
+            # (test_ray_exposure.py), where each node has its own.
+            "ray_cluster_firewall": False,
             "ray_cluster_preflight_gpu": False,  # no GPU, no nvidia-smi
             "ray_cluster_preflight_packages": ["ray", "pip"],
             "ray_cluster_preflight_timeout": 6,

@@ -211,8 +211,8 @@ class Node:
     dir: Path
     key: Path
     known_hosts: Path
+    binds: tuple[str, ...] = ()
     supervisor: subprocess.Popen | None = None
-    boots: int = 0
 
     @property
     def root(self) -> Path:
@@ -293,6 +293,7 @@ class Node:
             f"--network-namespace-path=/run/netns/{self.netns}",
             # the node's own nftables (the Ray firewall) and `ip` inside its namespace
             "--capability=CAP_NET_ADMIN",
+            *(f"--bind-ro={path}" for path in self.binds),
         ]  # fmt: skip
         script = (
             # Own cgroup per container: with --keep-unit nspawn nests its payload under the
@@ -380,8 +381,11 @@ class Targets:
         """The host's address on the bridge: what the containers reach the host at."""
         return f"{SUBNET_PREFIX}.{self.subnet}.1"
 
-    def add(self, name: str, distro: str = "debian12") -> Node:
-        """Boot a fresh node NAME (hostname NAME) on an overlay of the DISTRO base tree."""
+    def add(self, name: str, distro: str = "debian12", binds: tuple[str, ...] = ()) -> Node:
+        """Boot a fresh node NAME (hostname NAME) on an overlay of the DISTRO base tree.
+
+        BINDS: host paths bind-mounted read-only at the same path (a cached venv, say).
+        """
         base = base_tree(distro)
         index = len(self.nodes)
         ip = f"{SUBNET_PREFIX}.{self.subnet}.{10 + index}"
@@ -394,6 +398,7 @@ class Targets:
             dir=self.work / name,
             key=self.key,
             known_hosts=self.work / name / "known_hosts",
+            binds=binds,
         )
         self.nodes[name] = node
         for sub in ("upper", "work", "merged"):
@@ -417,8 +422,11 @@ class Targets:
     def _personalise(self, node: Node) -> None:
         r = node.root
         (r / "etc/hostname").write_text(f"{node.name}\n")
-        hosts = (r / "etc/hosts").read_text() if (r / "etc/hosts").exists() else ""
-        (r / "etc/hosts").write_text(f"127.0.1.1 {node.name}\n{hosts}")
+        # debootstrap's minbase writes no /etc/hosts, and there is no DNS: localhost must resolve.
+        (r / "etc/hosts").write_text(
+            f"127.0.0.1 localhost\n127.0.1.1 {node.name}\n"
+            "::1 localhost ip6-localhost ip6-loopback\n"
+        )
         (r / "etc/machine-id").write_text(os.urandom(16).hex() + "\n")
         # No DNS: the suite's network has no resolver, and a lookup must fail at once rather
         # than time out against the host's (unreachable) one.
