@@ -489,10 +489,29 @@ class Targets:
         for proc in self._servers:
             proc.terminate()
             proc.wait(timeout=10)
+        # SSH masters of this suite's Ansible runs (ControlPersist keeps them 60 s after a host
+        # is gone): found by this suite's own work path in their command line, ended by PID.
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in self._own_processes():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            for _ in range(50):
+                if not self._own_processes():
+                    break
+                time.sleep(0.1)
         _run("ip", "link", "del", self.bridge, check=False)
         shutil.rmtree(self.work, ignore_errors=True)
         if errors:
             raise TargetError("teardown: " + "; ".join(errors))
+
+    def _own_processes(self) -> list[int]:
+        pids = []
+        for proc in Path("/proc").iterdir():
+            if proc.name.isdigit() and int(proc.name) != os.getpid():
+                with contextlib.suppress(OSError):
+                    if str(self.work).encode() in (proc / "cmdline").read_bytes():
+                        pids.append(int(proc.name))
+        return pids
 
     def leftovers(self) -> list[str]:
         """What of this suite still exists on the host (should be [] after close())."""
