@@ -309,3 +309,24 @@ def test_nvidia_standin_second_converge_and_check_diff_change_nothing(nvidia_dep
     assert check.rc == 0, check.output[-4000:]
     assert check.recap(GPU_HOST)["changed"] == 0, check.output[-4000:]
     assert node.run("cat", "/proc/sys/kernel/random/boot_id").stdout.strip() == boot_id
+
+
+# --- Ubuntu 24.04, the production OS (Python 3.12, systemd 255) ------------------------------
+UBUNTU_HOST = "gpu03"
+
+
+def test_ubuntu2404_deploy_runs_vllm_serve_standin_sandboxed(target) -> None:
+    t, _, _ = target
+    node = t.add(UBUNTU_HOST, distro="ubuntu2404")
+    assert 'VERSION_ID="24.04"' in (node.root / "etc/os-release").read_text()
+    seed_runtime_standin(node)
+    inventory = write_inventory(t, {UBUNTU_HOST: {**node.ansible_vars(), **SWITCHES}})
+    result = deploy(inventory, host=UBUNTU_HOST)
+    assert result.rc == 0, result.output[-6000:]
+    assert node.run("systemctl", "is-active", UNIT).stdout.strip() == "active"
+    assert health(node) == "200"
+    version = node.run("python3", "-c", "import sys; print(sys.version_info[:2])").stdout
+    assert version == "(3, 12)\n"
+    assert security_exposure(node, UNIT) <= 5.0
+    again = deploy(inventory, host=UBUNTU_HOST)
+    assert again.rc == 0 and again.recap(UBUNTU_HOST)["changed"] == 0, again.output[-4000:]
