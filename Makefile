@@ -144,9 +144,19 @@ verify-patches: $(VENV)/.installed deploy-args ## Re-verify pins, vLLM patches a
 smoke: $(VENV)/.installed deploy-args ## Smoke-test the endpoint on HOST from the host itself [CHECK=1]
 	$(TARGETS) $(VENV)/bin/ansible-playbook playbooks/smoke.yml $(if $(CHECK_ON),--check --diff) $(VARS_ARGS) $(ANSIBLE_ARGS)
 
-system-deps: ## Debian packages the deployment tests need (openssh-server, systemd-analyze); root only
-	command -v sshd >/dev/null && command -v systemd-analyze >/dev/null || \
-	  { apt-get install -y -q openssh-server systemd || { apt-get update -q && apt-get install -y -q openssh-server systemd; }; }
+# nspawn test hosts (tests/support/nspawn_targets.py): systemd-nspawn, debootstrap for their base
+# tree, dpkg-deb/apt-ftparchive/gpg for the stand-in NVIDIA repository, ssh both ways.
+SYSTEM_DEPS_BIN := sshd:openssh-server ssh:openssh-client systemd-analyze:systemd \
+  systemd-nspawn:systemd-container debootstrap:debootstrap dpkg-deb:dpkg-dev \
+  apt-ftparchive:apt-utils gpg:gpg
+system-deps: ## Debian packages the deployment tests need (sshd, systemd-nspawn, debootstrap, ...); root only
+	@missing=$$(for p in $(SYSTEM_DEPS_BIN); do command -v $${p%%:*} >/dev/null || echo $${p#*:}; done); \
+	if [ -n "$$missing" ]; then \
+	  [ "$$(id -u)" = 0 ] || { echo "error: run as root to install:" $$missing >&2; exit 2; }; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  timeout 600 apt-get install -y -q --no-install-recommends $$missing || \
+	  { timeout 600 apt-get update -q && timeout 600 apt-get install -y -q --no-install-recommends $$missing; }; \
+	fi
 
 # --- Multi-host serving (vLLM over Ray; issue 9) --------------------------------------------
 # The fabfiles read inventory/hosts.yml, or INVENTORY= when given (never an example inventory).

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_helpers import REPO, make
+from support.deploy import REPO, make
 
 LOCAL = {"ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}
 NO_REAL_INVENTORY = pytest.mark.skipif(
