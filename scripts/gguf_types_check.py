@@ -28,7 +28,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import gguf_split
+import gguf_format
 
 EXAMPLES = """examples:
   python scripts/gguf_types_check.py /models/GLM-5.1-IQ4_XS-00001-of-00008.gguf
@@ -110,8 +110,8 @@ def check_tensors(tensors: list[tuple[str, int, Path]]) -> list[Refusal]:
 
 def read_tensors(path: Path) -> list[tuple[str, int, Path]]:
     """Every tensor of the set `path` belongs to (or of the single file), headers only."""
-    paths = gguf_split.find_shards(path) if gguf_split.SHARD_NAME_RE.match(path.name) else [path]
-    return [(t.name, t.ggml_type, p) for p in paths for t in gguf_split.read_header(p).tensors]
+    paths = gguf_format.find_shards(path) if gguf_format.SHARD_NAME_RE.match(path.name) else [path]
+    return [(t.name, t.ggml_type, p) for p in paths for t in gguf_format.read_header(p).tensors]
 
 
 def summary(tensors: list[tuple[str, int, Path]]) -> dict[str, int]:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     try:
         tensors = read_tensors(args.gguf)
-    except gguf_split.ShardError as exc:
+    except gguf_format.ShardError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     except OSError as exc:

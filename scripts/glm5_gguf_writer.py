@@ -434,11 +434,29 @@ def write_metadata(w, geom: Geometry, mix: Mix) -> None:  # w: gguf.GGUFWriter
 
 
 def hf_config(geom: Geometry) -> dict:
-    """config.json for --hf-config-path: scripts/tiny_glm5.py's keys with this geometry."""
-    import tiny_glm5
-
+    """config.json for --hf-config-path: GLM-5's keys with this geometry."""
     g = geom
-    cfg = tiny_glm5.config(num_layers=g.layers, mtp_layers=0)
+    # the keys of tests/support/tiny_glm5.py's config (scripts must not import tests/)
+    cfg = {
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "moe_layer_freq": 1,
+        "head_dim": 64,
+        "indexer_rope_interleave": True,
+        "rope_interleave": True,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "norm_topk_prob": True,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "bos_token_id": 2,
+        "eos_token_id": [0, 7, 9],
+        "pad_token_id": 0,
+        "torch_dtype": "bfloat16",
+    }
     first = min(g.first_dense, g.layers)
     cfg |= {
         "hidden_size": g.hidden,

@@ -1,0 +1,44 @@
+"""A patched copy of the installed vLLM for tests: the real series applied to a symlink farm.
+
+The installed vLLM (the runtime env's, pristine) is only read: `patched_site(dest)` mirrors its
+package under `dest/vllm` with symlinks, replaces the files the series touches with real copies,
+and applies the series with scripts/vllm_patches.py. A child process with PYTHONPATH=dest then
+imports the patched vllm/.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+import patchset
+import vllm_patches
+
+
+def installed_vllm() -> Path:
+    """The directory of the installed `vllm` package (found without importing it)."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("vllm is not installed in this interpreter")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def patched_site(dest: Path) -> Path:
+    """DEST with a patched vllm/ (symlinks except the touched files); returns DEST."""
+    src = installed_vllm()
+    series = patchset.load_series(patchset.vllm_version(src.parent))
+    for root, _dirs, files in os.walk(src):
+        if "__pycache__" in root:
+            continue
+        rel = Path(root).relative_to(src)
+        (dest / "vllm" / rel).mkdir(parents=True, exist_ok=True)
+        for name in files:
+            os.symlink(Path(root) / name, dest / "vllm" / rel / name)
+    for path in series.files:
+        (dest / path).unlink()
+        shutil.copy2(src.parent / path, dest / path)
+    if vllm_patches.main(["apply", "--site-packages", str(dest)]) != 0:
+        raise RuntimeError(f"the series does not apply to the vLLM copy in {dest}")
+    return dest
