@@ -25,7 +25,7 @@ PYTEST_ARGS ?=
 HOST      ?= localhost
 INVENTORY ?= inventory/hosts.yml
 
-.PHONY: help setup python-check test test-controller test-runtime lint format bench bench-merge bench-kernels runtime lock merge clean probe
+.PHONY: help setup python-check test test-controller test-runtime lint format bench bench-merge bench-kernels bench-serve runtime lock merge clean probe
 
 help: ## List targets
 	@grep -hE '^[a-z][a-z-]*:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n",$$1,$$2}'
@@ -115,6 +115,15 @@ bench-kernels: ## Time the Triton sparse MLA + indexer kernels (GPU host)
 	  echo "bench-kernels: skipped: no CUDA GPU here (nvidia-smi -L lists none); the runtime env was not built"; exit 0; fi; \
 	  $(MAKE) --no-print-directory runtime >/dev/null && \
 	  PYTHONPATH=tests:scripts:backend/src $(RUNTIME_PY) benchmarks/bench_kernels.py $(BENCH_KERNELS_ARGS)
+
+# Serving benchmark at GLM-5's real layer geometry (needs a CUDA GPU and a Python whose vLLM has
+# the patch series and the plugin: a deployed host's venv, or tests/e2e staging's /tmp/site).
+BENCH_SERVE_PY ?= /opt/glm5/venv/bin/python
+BENCH_SERVE_ARGS ?=
+bench-serve: ## Serving benchmark, GLM-5 geometry, Q4_K_M/IQ4_XS/UD-IQ2_M (GPU host; BENCH_SERVE_PY=)
+	@if ! nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then \
+	  echo "bench-serve: skipped: no CUDA GPU here (nvidia-smi -L lists none)"; exit 0; fi; \
+	  PYTHONPATH=scripts:tests:backend/src $(BENCH_SERVE_PY) benchmarks/bench_serve.py $(BENCH_SERVE_ARGS)
 
 # --- Deployment (playbooks/, issue 7) ---------------------------------------------------------
 # scripts/ansible_targets.py turns HOST into ansible-playbook's inventory options: an inventory
