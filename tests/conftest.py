@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def repo() -> Path:
     return REPO
+
+
+@pytest.fixture(scope="session", autouse=True)
+def cold_vllm_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Every run sees vLLM's caches as a fresh machine does (CI's first run, a new user).
+
+    A warm ~/.cache/vllm (model inspection results among them) once hid a failure that only a
+    cold cache showed; subprocesses inherit the variable.
+    """
+    path = tmp_path_factory.mktemp("vllm-cache")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("VLLM_CACHE_ROOT", str(path))
+    yield path
+    mp.undo()

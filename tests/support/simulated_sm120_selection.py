@@ -21,6 +21,7 @@ Usage: simulated_sm120_selection.py [MODEL_DIR]
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import types
@@ -92,6 +93,12 @@ def serve_indexer(model: str, additional_config: str) -> dict[str, object]:
 
 
 def main(argv: list[str]) -> int:
+    if argv:
+        # On a cold vLLM cache, create_engine_config inspects the model and saves the result
+        # through vllm.model_executor.model_loader, whose import chain reaches
+        # vllm.vllm_flash_attn when the platform says CUDA, and fails without its CUDA
+        # extensions. Import it on the real (CPU) platform first; a warm cache never imports it.
+        importlib.import_module("vllm.model_executor.model_loader.weight_utils")
     vllm.platforms._current_platform = SimulatedSm120Platform()
     result: dict[str, object] = {
         "auto_fp16_before": select(None, "float16"),
