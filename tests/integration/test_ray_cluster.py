@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import yaml
 from support import nspawn_targets
-from support.ray_nspawn import UNIT, Cluster, ray_venv, recap
+from support.ray_nspawn import UNIT, Cluster, changed, ray_venv, recap
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "playbooks/roles/ray_cluster"
@@ -198,14 +198,12 @@ def test_units_and_environment_are_rendered_per_host(cluster: Cluster) -> None:
 
 def test_second_converge_changes_nothing(cluster: Cluster) -> None:
     proc = cluster.playbook()
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert {h: r["changed"] for h, r in recap(proc.stdout).items()} == dict.fromkeys(HOSTS, 0)
+    assert changed(proc) == dict.fromkeys(HOSTS, 0)
 
 
 def test_check_mode_on_converged_cluster_changes_nothing(cluster: Cluster) -> None:
     proc = cluster.playbook("--check", "--diff")
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert {h: r["changed"] for h, r in recap(proc.stdout).items()} == dict.fromkeys(HOSTS, 0)
+    assert changed(proc) == dict.fromkeys(HOSTS, 0)
 
 
 def test_fabric_status_spans_the_cluster(cluster: Cluster) -> None:
@@ -227,7 +225,7 @@ def test_teardown_is_idempotent_and_rerun_forms_the_cluster_again(cluster: Clust
     for host in HOSTS:
         assert not _unit_path(cluster, host).exists()
     again = cluster.playbook("-e", "ray_cluster_state=absent")
-    assert {h: r["changed"] for h, r in recap(again.stdout).items()} == dict.fromkeys(HOSTS, 0)
+    assert changed(again) == dict.fromkeys(HOSTS, 0)
     up = cluster.playbook()
     assert up.returncode == 0, up.stdout[-4000:]
     assert _active_nodes(_ray_status(cluster)) == 3

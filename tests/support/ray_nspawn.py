@@ -109,6 +109,12 @@ def recap(out: str) -> dict[str, dict[str, int]]:
     }
 
 
+def changed(proc: subprocess.CompletedProcess[str]) -> dict[str, int]:
+    """Per host, the changed count of a playbook run that must have succeeded."""
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return {host: r["changed"] for host, r in recap(proc.stdout).items()}
+
+
 CONNECT = """
 import socket, sys
 s = socket.socket(); s.settimeout(3)
