@@ -1,22 +1,24 @@
 """Day-2 operations on deployed GLM-5 vLLM hosts over SSH (Fabric 3).
 
 Hosts come from the Ansible inventory (no second list): `fab -H gpu01 status` resolves gpu01
-with `ansible-inventory` (group_vars included); without -H every inventory host is used. A name
-that is not in the inventory is reached as a bare hostname/IP, like `make deploy HOST=`.
+with scripts/ansible_targets.py (a group name stands for its members); without -H every host
+of the inventory is used. Variables (service name, port, paths) are the roles' defaults under
+the inventory's, rendered by Ansible itself. A name that is not in the inventory is reached as
+a bare hostname/IP, like `make deploy HOST=`. Run it as `.venv/bin/fab` or through make.
 
-    fab status                   # every inventory host: GPU, driver, service, patches, /health
+    fab status                   # every host: GPU, driver, service, patches, /health (exit 1:
+                                 # a host is unhealthy or not deployed)
     fab -H gpu01 logs --lines 200
     fab -H gpu01 logs --follow
     fab -H gpu01 restart         # systemctl restart, then wait for /health
     fab -H gpu01 verify          # playbooks/verify.yml (changes nothing)
     fab -H gpu01 smoke           # playbooks/smoke.yml
 
-The inventory is $GLM5_INVENTORY, else inventory/hosts.yml, else inventory/hosts.example.yml.
+The inventory is $GLM5_INVENTORY, else inventory/hosts.yml; never an example inventory.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -28,92 +30,74 @@ from pathlib import Path
 from fabric import Connection, task
 from invoke import Context
 
+from scripts.ansible_targets import HostVars, TargetError, all_hosts, resolve
+
 REPO = Path(__file__).resolve().parent
 VENV_BIN = REPO / ".venv" / "bin"
-_VAR = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 
 
-def inventory_path() -> Path:
-    if os.environ.get("GLM5_INVENTORY"):
-        return Path(os.environ["GLM5_INVENTORY"])
-    real = REPO / "inventory" / "hosts.yml"
-    return real if real.exists() else REPO / "inventory" / "hosts.example.yml"
+def inventory() -> str | None:
+    return os.environ.get("GLM5_INVENTORY") or None
 
 
-def _ansible_inventory(*args: str) -> dict:
-    out = subprocess.run(
-        [str(VENV_BIN / "ansible-inventory"), "-i", str(inventory_path()), *args],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    )
-    return json.loads(out.stdout)
-
-
-def _resolve(hostvars: dict) -> dict:
-    """Expand plain `{{ name }}` references between inventory variables (a few rounds)."""
-    resolved = dict(hostvars)
-    for _ in range(5):
-        for key, value in resolved.items():
-            if isinstance(value, str):
-                resolved[key] = _VAR.sub(lambda m: str(resolved.get(m.group(1), m.group(0))), value)
-    return resolved
+def fail(message: str) -> SystemExit:
+    return SystemExit(f"error: {message}")
 
 
 @dataclass
 class Target:
     name: str
-    vars: dict
-
-    def get(self, key: str, default: str) -> str:
-        value = self.vars.get(key, default)
-        return default if isinstance(value, str) and "{{" in value else str(value)
+    vars: HostVars
 
     @property
     def service(self) -> str:
-        return self.get("vllm_service_name", "glm5-vllm")
+        return str(self.vars["vllm_service_name"])
 
     @property
     def health_url(self) -> str:
-        return f"http://127.0.0.1:{self.get('vllm_service_port', '8000')}/health"
+        return f"http://127.0.0.1:{self.vars['vllm_service_port']}/health"
 
     @property
     def venv_python(self) -> str:
-        return self.get("vllm_runtime_venv_path", "/opt/glm5/venv") + "/bin/python"
+        return f"{self.vars['vllm_runtime_venv_path']}/bin/python"
 
     @property
     def src_dir(self) -> str:
-        return self.get("glm5_install_dir", "/opt/glm5") + "/src"
+        return f"{self.vars['glm5_install_dir']}/src"
+
+    @property
+    def key_file(self) -> str:
+        return str(self.vars["vllm_service_key_file"])
 
     def connection(self) -> Connection | Context:
-        if self.vars.get("ansible_connection") == "local":
+        v = self.vars
+        if v.get("ansible_connection") == "local":
             return Context()
         kwargs = {}
-        key = self.vars.get("ansible_ssh_private_key_file")
-        if key:
-            kwargs["key_filename"] = str(key)
+        if v.get("ansible_ssh_private_key_file"):
+            kwargs["key_filename"] = str(v["ansible_ssh_private_key_file"])
         cxn = Connection(
-            host=str(self.vars.get("ansible_host", self.name)),
-            user=self.vars.get("ansible_user"),
-            port=int(self.vars.get("ansible_port", 22)),
+            host=str(v.get("ansible_host") or self.name),
+            user=v.get("ansible_user"),
+            port=int(v.get("ansible_port") or 22),
             connect_kwargs=kwargs,
         )
-        known = re.search(r"UserKnownHostsFile=(\S+)", self.vars.get("ansible_ssh_common_args", ""))
+        known = re.search(r"UserKnownHostsFile=(\S+)", str(v.get("ansible_ssh_common_args") or ""))
         if known:
             cxn.client.load_host_keys(known.group(1))
         return cxn
 
 
 def targets(c: Connection | Context) -> list[Target]:
-    """The hosts a task acts on: -H names (resolved in the inventory) or every inventory host."""
-    if isinstance(c, Connection):
-        name = c.original_host
-        data = _ansible_inventory("-i", f"{name},", "--host", name)
-        return [Target(name, _resolve(data))]
-    data = _ansible_inventory("--list")
-    hostvars = data.get("_meta", {}).get("hostvars", {})
-    return [Target(name, _resolve(hostvars[name])) for name in sorted(hostvars)]
+    """The hosts a task acts on: -H NAME (a group: its members) or every inventory host."""
+    try:
+        if isinstance(c, Connection):
+            names = resolve(c.original_host, inventory()).members
+        else:
+            names = all_hosts(inventory())
+        return [Target(name, HostVars(name, inventory())) for name in names]
+    except TargetError as exc:
+        raise fail(str(exc)) from None
 
 
 def _run(t: Target, cxn: Connection | Context, command: str, **kwargs):
@@ -138,35 +122,69 @@ def _health(t: Target, cxn: Connection | Context) -> str:
     return _run(t, cxn, f"python3 -c {shlex.quote(probe)}").stdout.strip()
 
 
+def _deployed(t: Target, cxn: Connection | Context) -> list[str]:
+    """What make deploy leaves on a host that is missing here (empty: it was deployed)."""
+    missing = []
+    for path, test in ((t.venv_python, "-x"), (t.key_file, "-f")):
+        if _run(t, cxn, f"test {test} {shlex.quote(path)}").return_code != 0:
+            missing.append(path)
+    return missing
+
+
+def _patches(t: Target, cxn: Connection | Context) -> tuple[bool, str]:
+    site = t.vars.get("vllm_patches_site_packages") or ""
+    cmd = f"{shlex.quote(t.venv_python)} {shlex.quote(t.src_dir)}/scripts/vllm_patches.py verify"
+    if site:
+        cmd += f" --site-packages {shlex.quote(str(site))}"
+    # No pipe: the exit status is the tool's own; the tail is cut here.
+    result = _run(t, cxn, f"{cmd} 2>&1")
+    lines = result.stdout.strip().splitlines()
+    return result.return_code == 0, " / ".join(lines[-3:])
+
+
+def _status_of(t: Target) -> list[str]:
+    """Print one host's state; return what is unhealthy (empty: healthy)."""
+    cxn = t.connection()
+    print(f"== {t.name}")
+    missing = _deployed(t, cxn)
+    if missing:
+        print(f"not deployed: run make deploy HOST={t.name} first (missing {', '.join(missing)})")
+        return ["not deployed"]
+    gpu = _run(
+        t,
+        cxn,
+        "nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.used"
+        " --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'",
+    ).stdout.strip()
+    driver = _run(
+        t, cxn, "head -1 /proc/driver/nvidia/version 2>/dev/null || echo 'not loaded'"
+    ).stdout.strip()
+    service = _run(t, cxn, f"systemctl is-active {shlex.quote(t.service)} 2>&1")
+    active = (service.stdout.strip().splitlines() or ["?"])[-1]
+    patched, patch_tail = _patches(t, cxn)
+    health = _health(t, cxn)
+    print(f"gpu:     {gpu}")
+    print(f"driver:  {driver}")
+    print(f"service: {t.service} {active}")
+    print(f"patches: {'patched' if patched else 'NOT verified'}: {patch_tail}")
+    print(f"health:  {t.health_url} {health}")
+    bad = [] if service.return_code == 0 else [f"service {active}"]
+    bad += [] if patched else ["patches not verified"]
+    bad += [] if health == "200" else [f"health {health}"]
+    return bad
+
+
 @task
 def status(c):
-    """Show GPU, driver, service, patch state and /health of each host."""
+    """Show GPU, driver, service, patches and /health of each host; exit 1 if one is unhealthy."""
+    unhealthy = {}
     for t in targets(c):
-        cxn = t.connection()
-        gpu = _run(
-            t,
-            cxn,
-            "nvidia-smi --query-gpu=index,name,compute_cap,driver_version,memory.used"
-            " --format=csv,noheader 2>/dev/null || echo 'no nvidia-smi'",
-        ).stdout.strip()
-        driver = _run(
-            t, cxn, "head -1 /proc/driver/nvidia/version 2>/dev/null || echo 'not loaded'"
-        ).stdout.strip()
-        service = _run(t, cxn, f"systemctl is-active {shlex.quote(t.service)} 2>&1").stdout
-        patches = _run(
-            t,
-            cxn,
-            f"{shlex.quote(t.venv_python)} {shlex.quote(t.src_dir)}/scripts/vllm_patches.py"
-            " verify 2>&1 | tail -3",
-        )
-        print(f"== {t.name}")
-        print(f"gpu:     {gpu}")
-        print(f"driver:  {driver}")
-        active = service.strip().splitlines()[-1] if service.strip() else "?"
-        print(f"service: {t.service} {active}")
-        state = "patched" if patches.return_code == 0 else "NOT verified"
-        print(f"patches: {state}: {patches.stdout.strip()}")
-        print(f"health:  {t.health_url} {_health(t, cxn)}")
+        bad = _status_of(t)
+        print(f"{t.name}: {'UNHEALTHY: ' + ', '.join(bad) if bad else 'healthy'}")
+        if bad:
+            unhealthy[t.name] = bad
+    if unhealthy:
+        raise fail(f"unhealthy: {', '.join(unhealthy)}")
 
 
 @task(help={"lines": "journal lines to show", "follow": "keep following the journal"})
@@ -203,23 +221,20 @@ def restart(c, timeout=1200):
 
 
 def _playbook(c, playbook: str) -> None:
-    for t in targets(c):
-        cmd = [
-            str(VENV_BIN / "ansible-playbook"),
-            "-i",
-            str(inventory_path()),
-            "-i",
-            f"{t.name},",
-            "-l",
-            t.name,
-            f"playbooks/{playbook}",
-        ]
-        extra = os.environ.get("GLM5_ANSIBLE_ARGS", "")
-        cmd += shlex.split(extra)
-        print(f"== {t.name}: {playbook}")
+    """Run a playbook on the -H target (a group as one run) or on every inventory host."""
+    names = [c.original_host] if isinstance(c, Connection) else None
+    try:
+        names = names or all_hosts(inventory())
+        options = [resolve(name, inventory()).options for name in names]
+    except TargetError as exc:
+        raise fail(str(exc)) from None
+    extra = shlex.split(os.environ.get("GLM5_ANSIBLE_ARGS", ""))
+    for name, opts in zip(names, options, strict=True):
+        cmd = [str(VENV_BIN / "ansible-playbook"), *opts, f"playbooks/{playbook}", *extra]
+        print(f"== {name}: {playbook}")
         rc = subprocess.run(cmd, cwd=REPO, check=False).returncode
         if rc != 0:
-            raise SystemExit(f"error: {t.name}: {playbook} failed (exit {rc})")
+            raise fail(f"{name}: {playbook} failed (exit {rc})")
 
 
 @task

@@ -6,100 +6,105 @@ The cluster is the inventory's glm5_head + glm5_workers groups (no second list o
     fab -c fabfile_cluster logs --lines 200  # journal of the Ray unit (and vLLM on the head)
     fab -c fabfile_cluster restart           # vLLM down, Ray head, Ray workers, vLLM up
 
-The inventory is $GLM5_INVENTORY, else inventory/hosts.yml, else inventory/cluster.example.yml.
+Hosts and variables come from scripts/ansible_targets.py (Ansible's inventory and templar, the
+roles' defaults under the inventory's). The inventory is $GLM5_INVENTORY, else
+inventory/hosts.yml; never an example inventory.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
-import subprocess
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 from fabric import Connection, task
+from invoke import Context
 
-REPO = Path(__file__).resolve().parent
-VENV_BIN = REPO / ".venv" / "bin"
-HEAD_GROUP, WORKER_GROUP = "glm5_head", "glm5_workers"
+from scripts.ansible_targets import HostVars, TargetError, all_hosts, resolve
 
 
-def inventory_path() -> Path:
-    if os.environ.get("GLM5_INVENTORY"):
-        return Path(os.environ["GLM5_INVENTORY"])
-    real = REPO / "inventory" / "hosts.yml"
-    return real if real.exists() else REPO / "inventory" / "cluster.example.yml"
+def inventory() -> str | None:
+    return os.environ.get("GLM5_INVENTORY") or None
 
 
 @dataclass
 class Node:
     name: str
-    vars: dict
+    vars: HostVars
     head: bool
 
-    def get(self, key: str, default: str) -> str:
-        value = self.vars.get(key, default)
-        return default if isinstance(value, str) and "{{" in value else str(value)
+    def get(self, key: str) -> str:
+        return str(self.vars[key])
 
     @property
     def ip(self) -> str:
-        return self.get("ray_cluster_node_ip", self.get("ansible_host", self.name))
+        try:
+            ip = self.vars.get("ray_cluster_node_ip")  # its default reads facts: none here
+        except Exception:  # noqa: BLE001  (any templating error: fall back to the address)
+            ip = None
+        if not ip or "{{" in str(ip):
+            ip = self.vars.get("ansible_host") or self.name
+        return str(ip)
 
     @property
     def ray_unit(self) -> str:
-        return self.get("ray_cluster_service_name", "glm5-ray")
+        return self.get("ray_cluster_service_name")
 
     @property
     def vllm_unit(self) -> str:
-        return self.get("vllm_service_name", "glm5-vllm")
+        return self.get("vllm_service_name")
 
     @property
     def ray_bin(self) -> str:
-        return self.get("ray_cluster_venv", "/opt/glm5/venv") + "/bin/ray"
+        return self.get("ray_cluster_venv") + "/bin/ray"
 
-    def connection(self) -> Connection:
+    def connection(self) -> Connection | Context:
+        if self.vars.get("ansible_connection") == "local":
+            return Context()
         kwargs = {}
         if self.vars.get("ansible_ssh_private_key_file"):
             kwargs["key_filename"] = str(self.vars["ansible_ssh_private_key_file"])
         return Connection(
-            host=str(self.vars.get("ansible_host", self.name)),
+            host=str(self.vars.get("ansible_host") or self.name),
             user=self.vars.get("ansible_user"),
-            port=int(self.vars.get("ansible_port", 22)),
+            port=int(self.vars.get("ansible_port") or 22),
             connect_kwargs=kwargs,
         )
 
-    def run(self, cxn: Connection, command: str, **kwargs):
+    def run(self, cxn: Connection | Context, command: str, **kwargs):
         kwargs.setdefault("warn", True)
         kwargs.setdefault("hide", True)
         kwargs.setdefault("in_stream", False)
-        if self.vars.get("ansible_user", "root") != "root" and self.vars.get("ansible_become"):
+        if (self.vars.get("ansible_user") or "root") != "root" and self.vars.get("ansible_become"):
             return cxn.sudo(command, **kwargs)
         return cxn.run(command, **kwargs)
 
 
 def cluster() -> list[Node]:
-    """Head first, then the workers, from `ansible-inventory --list`."""
-    out = subprocess.run(
-        [str(VENV_BIN / "ansible-inventory"), "-i", str(inventory_path()), "--list"],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-    ).stdout
-    data = json.loads(out)
-    hostvars = data.get("_meta", {}).get("hostvars", {})
-    heads = data.get(HEAD_GROUP, {}).get("hosts", [])
-    workers = data.get(WORKER_GROUP, {}).get("hosts", [])
-    if len(heads) != 1:
-        raise SystemExit(f"error: {inventory_path()}: group {HEAD_GROUP} needs exactly one host")
-    return [Node(n, hostvars.get(n, {}), n in heads) for n in heads + sorted(workers)]
+    """Head first, then the workers, from the inventory's head and worker groups."""
+    try:
+        all_hosts(inventory())  # no inventory: one line saying to create it
+        probe = HostVars("localhost", inventory())
+        head_group = str(probe["ray_cluster_head_group"])
+        worker_group = str(probe["ray_cluster_worker_group"])
+        heads = resolve(head_group, inventory())
+        if heads.kind != "group" or len(heads.members) != 1:
+            raise TargetError(f"{heads.inventory}: group {head_group} needs exactly one host")
+        try:
+            workers = resolve(worker_group, inventory())
+            worker_names = sorted(workers.members) if workers.kind == "group" else []
+        except TargetError:
+            worker_names = []  # an empty worker group: a one-host cluster
+        names = heads.members + worker_names
+        return [Node(n, HostVars(n, inventory()), n in heads.members) for n in names]
+    except TargetError as exc:
+        raise SystemExit(f"error: {exc}") from None
 
 
-def alive_nodes(head: Node, cxn: Connection) -> int:
-    port = head.get("ray_cluster_gcs_port", "6379")
+def alive_nodes(head: Node, cxn: Connection | Context) -> int:
+    port = head.get("ray_cluster_gcs_port")
     cmd = f"{shlex.quote(head.ray_bin)} status --address {shlex.quote(f'{head.ip}:{port}')}"
     result = head.run(cxn, cmd)
     if result.return_code != 0:
@@ -110,17 +115,27 @@ def alive_nodes(head: Node, cxn: Connection) -> int:
 
 @task
 def status(c):
-    """Show the Ray unit of every cluster host, the alive Ray nodes and vLLM on the head."""
+    """Show the Ray unit of every host, the alive Ray nodes and vLLM on the head; exit 1 if down."""
     nodes = cluster()
+    bad = []
     for node in nodes:
         cxn = node.connection()
-        state = node.run(cxn, f"systemctl is-active {shlex.quote(node.ray_unit)}").stdout.strip()
+        ray = node.run(cxn, f"systemctl is-active {shlex.quote(node.ray_unit)}")
         role = "head" if node.head else "worker"
-        print(f"== {node.name} ({role}, {node.ip}): {node.ray_unit} {state or '?'}")
+        print(f"== {node.name} ({role}, {node.ip}): {node.ray_unit} {ray.stdout.strip() or '?'}")
+        if ray.return_code != 0:
+            bad.append(f"{node.name} {node.ray_unit}")
         if node.head:
-            print(f"ray nodes alive: {alive_nodes(node, cxn)}/{len(nodes)}")
-            vllm = node.run(cxn, f"systemctl is-active {shlex.quote(node.vllm_unit)}").stdout
-            print(f"vllm: {node.vllm_unit} {vllm.strip() or '?'}")
+            alive = alive_nodes(node, cxn)
+            print(f"ray nodes alive: {alive}/{len(nodes)}")
+            if alive < len(nodes):
+                bad.append(f"{alive}/{len(nodes)} Ray nodes alive")
+            vllm = node.run(cxn, f"systemctl is-active {shlex.quote(node.vllm_unit)}")
+            print(f"vllm: {node.vllm_unit} {vllm.stdout.strip() or '?'}")
+            if vllm.return_code != 0 and node.vars.get("glm5_cluster_serve", True):
+                bad.append(f"{node.name} {node.vllm_unit}")
+    if bad:
+        raise SystemExit(f"error: cluster unhealthy: {', '.join(bad)}")
 
 
 @task(help={"lines": "journal lines per unit"})

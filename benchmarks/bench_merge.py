@@ -8,8 +8,11 @@ side by side with a warm page cache and the median of --repeat runs:
     benchmark fsyncs right after they exit, inside the timing), so the three do the same work;
   - peak RSS of each tool, from getrusage(RUSAGE_CHILDREN) in a small parent process;
   - peak RSS of gguf_merge.py on every --sizes set;
-  - header validation time of the 10 shards: gguf_split (struct parser) vs gguf-py's GGUFReader.
+  - header validation time of the 10 shards: gguf_format (struct parser) vs gguf-py's GGUFReader.
 Everything it writes lives under --dir and is removed at the end.
+
+Run through `make bench-merge` or with PYTHONPATH=scripts:tests (it imports scripts/gguf_format.py
+and tests/support/llama_cpp.py):
 
     python benchmarks/bench_merge.py                  # 1, 4 and 8 GB sets (~20 GB free in /tmp)
     python benchmarks/bench_merge.py --dir /dev/shm --sizes 1   # the tools, not the disk
@@ -29,13 +32,12 @@ import tempfile
 import time
 from pathlib import Path
 
+import gguf_format
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "scripts" / "gguf_merge.py"
-sys.path.insert(0, str(SCRIPT.parent))  # benchmarks are not installed; import the script's module
-import gguf_split  # noqa: E402
 
 Q4_K = GGMLQuantizationType.Q4_K
 ROW = 6144  # GLM-5 hidden size
@@ -155,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     sizes = sorted({float(s) for s in args.sizes.split(",") if float(s)} | {args.speed} - {0.0})
     llama = args.llama
     if llama is None and args.speed:
-        sys.path.insert(0, str(REPO / "tests"))
-        from tools.llama_cpp import gguf_split_binary
+        from support.llama_cpp import gguf_split_binary
 
         llama = gguf_split_binary()
     base = Path(tempfile.mkdtemp(prefix="bench-merge-", dir=args.dir))
@@ -237,7 +238,7 @@ def _headers(shards: list[Path], with_reader: bool) -> dict:
     ours = []
     for _ in range(3):
         t = time.perf_counter()
-        plan = gguf_split.plan_merge(gguf_split.read_set(shards))
+        plan = gguf_format.plan_merge(gguf_format.read_set(shards))
         ours.append(time.perf_counter() - t)
     med = statistics.median(ours)
     if not with_reader:

@@ -4,10 +4,25 @@ SHARD is any file of a set `<prefix>-NNNNN-of-MMMMM.gguf`; its siblings are foun
 shard is checked before a byte is written (magic and version, split.no / split.count /
 split.tensors.count, missing or duplicate shards, truncated tensor data, duplicate tensor names,
 alignment). OUTPUT is byte-identical to `llama-gguf-split --merge` for sets at the default
-alignment of 32; at another alignment the file's own general.alignment is honoured. It is written
-to OUTPUT.tmp beside OUTPUT, fsynced and renamed (the directory is fsynced too), so OUTPUT never
-exists half-written; a failure or SIGINT/SIGTERM removes OUTPUT.tmp. Tensor data are streamed
-with copy_file_range, else sendfile, else read/write: memory stays flat whatever the model size.
+alignment of 32; at another alignment the file's own general.alignment is honoured. Tensor data
+are streamed with copy_file_range, else sendfile, else read/write: memory stays flat whatever the
+model size.
+
+Safety against a hostile or changing file system:
+- the shards are opened once, without blocking and only if they are regular files, and the copy
+  reads from those same descriptors; a shard whose path now names another file, or whose size
+  changed, before or after the copy, is an error;
+- the output is written to a fresh temp file beside OUTPUT (scripts/safe_files.py: a unique name,
+  O_EXCL | O_NOFOLLOW, so no existing path is opened, followed or truncated), fsynced, checked
+  and renamed; an OUTPUT that is a FIFO, device, socket or directory is refused without opening it;
+- temp files left by a merge that was killed (SIGKILL, power loss) are removed by the next merge
+  to the same OUTPUT and reported; one still locked by a running merge is an error;
+- SIGINT, SIGTERM, SIGHUP (a dropped SSH session) and SIGQUIT stop the merge at any stage and
+  remove the temp file; OUTPUT never exists half-written;
+- a closed stdout after a successful merge does not change the exit status.
+
+Exit: 0 ok (also when stdout is closed before the summary is printed); 1 bad input, unsafe or
+existing OUTPUT, I/O failure, a shard changed during the merge, or a stop signal; 2 usage.
 """
 
 from __future__ import annotations
@@ -18,13 +33,24 @@ import errno
 import fcntl
 import os
 import signal
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
-from gguf_split import MergePlan, ShardError, find_shards, plan_merge, read_set
+import safe_files
+from gguf_format import (
+    MergePlan,
+    ShardError,
+    ShardPlan,
+    find_shards,
+    one_line,
+    open_shard,
+    plan_merge,
+    read_set,
+)
 
 EXAMPLES = """\
 examples:
@@ -44,7 +70,8 @@ _UNSUPPORTED = {
     errno.ENOTSUP,
     errno.EBADF,
 }
-_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP: the SSH session running a 400 GB merge dropped; SIGQUIT: Ctrl-\\. Both must clean up.
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 class Interrupted(Exception):
@@ -59,7 +86,10 @@ def _raise_interrupted(signum: int, _frame: object) -> None:
 
 @contextlib.contextmanager
 def _signals_blocked() -> Iterator[None]:
-    """Hold SIGINT/SIGTERM while a step must not be cut in half (open+lock, rename, cleanup)."""
+    """Hold the stop signals while a step must not be cut in half (create+lock, rename, cleanup).
+
+    Only steps that cannot block run inside: the temp file is created O_EXCL (never a FIFO open).
+    """
     old = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
     try:
         yield
@@ -102,10 +132,9 @@ class Progress:
             self.last = now
             pct, rate, eta = self._stats()
             bar = "#" * int(pct / 4)
-            self.stream.write(
+            self._write(
                 f"\r[{bar:<25}] {pct:5.1f}% {_gb(self.done)}/{_gb(self.total)} {rate} ETA {eta}  "
             )
-            self.stream.flush()
         elif not self.tty and now - self.last >= 10:
             self.last = now
             self._line("")
@@ -117,17 +146,23 @@ class Progress:
 
     def _line(self, what: str) -> None:
         pct, rate, eta = self._stats()
-        self.stream.write(
+        self._write(
             f"merge: {what}{_gb(self.done)} of {_gb(self.total)} ({pct:.0f}%), {rate}, ETA {eta}\n"
         )
-        self.stream.flush()
+
+    def _write(self, text: str) -> None:
+        # a closed or broken stderr (the terminal went away) stops the progress, not the merge
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            self.enabled = self.tty = False
 
     def finish(self) -> None:
         if self.tty:
             self.last = 0.0
             self.advance(0)
-            self.stream.write("\n")
-            self.stream.flush()
+            self._write("\n")
 
 
 class Copier:
@@ -173,35 +208,37 @@ class Copier:
         return got
 
 
-def _open_tmp(tmp: Path) -> tuple[int, bool]:
-    """Create (or take over a stale) OUTPUT.tmp, locked; returns (fd, was_stale)."""
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+def _check_output(plan: MergePlan, output: Path, force: bool) -> None:
+    """Refuse an OUTPUT that is unsafe to replace; lstat only, so a FIFO there cannot block."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise ShardError(tmp, "another merge is writing this file") from None
-    stale = os.fstat(fd).st_size > 0
-    os.ftruncate(fd, 0)
-    return fd, stale
-
-
-def _check_output(plan: MergePlan, output: Path, force: bool, inputs: list[Path]) -> None:
-    if output.is_dir():
-        raise ShardError(output, "is a directory")
-    if output.exists():
-        if any(output.resolve() == p.resolve() for p in inputs):
-            raise ShardError(output, "is one of the input shards")
+        st = os.lstat(output)
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise ShardError(output, f"cannot inspect: {exc.strerror}") from None
+    if st is not None:
+        if stat.S_ISDIR(st.st_mode):
+            raise ShardError(output, "is a directory")
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
+            raise ShardError(
+                output, "exists and is not a regular file (FIFO, device or socket); refusing it"
+            )
+        for i, sp in enumerate(plan.shards, start=1):
+            if (st.st_dev, st.st_ino) == sp.identity[:2]:
+                raise ShardError(output, f"is one of the input shards (shard {i})")
         if not force:
             raise ShardError(output, "already exists; pass --force to replace it")
+        if stat.S_ISLNK(st.st_mode):
+            raise ShardError(output, "is a symbolic link; refusing to replace it")
     directory = output.parent
     if not directory.is_dir():
         raise ShardError(output, f"directory {directory} does not exist")
+
+
+def _check_space(plan: MergePlan, output: Path) -> None:
+    directory = output.parent
     st = os.statvfs(directory)
     free = st.f_bavail * st.f_frsize
-    tmp = output.with_name(output.name + ".tmp")
-    with contextlib.suppress(OSError):
-        free += os.stat(tmp).st_blocks * 512  # a stale temporary file is reused
     if free < plan.total_size:
         raise ShardError(
             output,
@@ -210,40 +247,115 @@ def _check_output(plan: MergePlan, output: Path, force: bool, inputs: list[Path]
         )
 
 
-def write_merged(plan: MergePlan, output: Path, progress: Progress, copier: Copier) -> None:
-    """Write the merged file to OUTPUT.tmp, fsync, verify, rename, fsync the directory."""
-    tmp = output.with_name(output.name + ".tmp")
-    fd, created = -1, False
+def _sweep_stale(output: Path, own: Path) -> None:
+    """Remove the temp files that killed merges to OUTPUT left behind; refuse a running one.
+
+    A merge holds an exclusive flock on its temp file from the moment it creates it, so a temp
+    file whose lock can be taken belongs to a process that is gone. It is opened O_NOFOLLOW and
+    O_NONBLOCK and unlinked only if the name still refers to the file that was locked. (A merge
+    to the same OUTPUT started in the very same instant, between its O_EXCL create and its flock,
+    can lose its temp file this way; its rename then fails with an error, OUTPUT is untouched.)
+    """
+    try:
+        names = sorted(os.listdir(output.parent))
+    except OSError:
+        return
+    for name in names:
+        cand = output.parent / name
+        if cand == own or not safe_files.is_temp_of(cand, output):
+            continue
+        try:
+            fd = os.open(cand, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError as exc:
+            _warn(f"{cand}: leftover temp file not removed ({exc.strerror}); remove it by hand")
+            continue
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                _warn(f"{cand}: leftover temp name is not a regular file; remove it by hand")
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ShardError(
+                    output, f"another merge is writing this file (its temp file {name} is locked)"
+                ) from None
+            lst = os.lstat(cand)
+            if (lst.st_dev, lst.st_ino) == (st.st_dev, st.st_ino):
+                os.unlink(cand)
+                _warn(f"{cand}: removed the temp file of an interrupted merge ({st.st_size} bytes)")
+        finally:
+            os.close(fd)
+
+
+def _check_unchanged(sp: ShardPlan, index: int, when: str) -> None:
+    """The shard's path still names the validated file, and neither has changed size."""
+    try:
+        now, held = os.stat(sp.path), os.fstat(sp.fd)
+    except OSError as exc:
+        raise ShardError(sp.path, f"cannot stat shard {index} {when}: {exc.strerror}") from None
+    dev, ino, size = sp.identity
+    if (now.st_dev, now.st_ino) != (dev, ino):
+        raise ShardError(
+            sp.path,
+            f"replaced {when} (validated inode {ino}, the path now names inode {now.st_ino}); "
+            "not written",
+        )
+    if held.st_size != size:
+        raise ShardError(
+            sp.path,
+            f"changed size {when} (validated {size} bytes, now {held.st_size}); not written",
+        )
+
+
+def write_merged(
+    plan: MergePlan, output: Path, progress: Progress, copier: Copier, force: bool = False
+) -> None:
+    """Write the merged file to a fresh temp file, fsync, verify, rename, fsync the directory."""
+    fd, tmp = -1, None
     try:
         with _signals_blocked():  # a signal cannot land between creating the file and owning it
             try:
-                fd, stale = _open_tmp(tmp)
+                fd, tmp = safe_files.create_temp(output, 0o644)
             except OSError as exc:
-                raise ShardError(output, f"cannot create {tmp.name}: {exc.strerror}") from None
-            created = True
-        if stale:
-            print(
-                f"warning: {tmp}: replacing a stale file of an interrupted merge", file=sys.stderr
-            )
+                raise ShardError(
+                    output, f"cannot create a temp file in {output.parent}: {exc.strerror}"
+                ) from None
+            # marks the temp file as in use, for the stale-file sweep of a concurrent merge
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _sweep_stale(output, tmp)
+        _check_space(plan, output)
         _write_all(plan, fd, tmp, output, progress, copier)
         with _signals_blocked():
-            os.replace(tmp, output)
-            created = False
-            # done: a SIGINT/SIGTERM still pending must not turn success into an error
+            # the merger fsynced and verified the temp file itself, so safe_files.commit's steps
+            # are taken one by one: a failed directory fsync after the rename is only a warning
+            if not force and os.path.lexists(output):
+                raise ShardError(output, "appeared while merging; pass --force to replace it")
+            try:
+                safe_files.check_target(output)
+            except safe_files.UnsafeTargetError as exc:
+                raise ShardError(output, f"{exc.strerror}; not replaced") from None
+            try:
+                os.replace(tmp, output)
+            except OSError as exc:
+                raise ShardError(
+                    output, f"renaming {tmp.name} failed: {exc.strerror}; not written"
+                ) from None
+            tmp = None
+            # done: a stop signal still pending must not turn success into an error
             with contextlib.suppress(ValueError):  # ValueError: not the main thread
                 for s in _STOP_SIGNALS:
                     signal.signal(s, signal.SIG_IGN)
         try:
-            _fsync_dir(output.parent)
+            safe_files.fsync_dir(output.parent)
         except OSError as exc:  # the file is complete and in place; only its durability is unsure
-            print(f"warning: {output.parent}: fsync failed: {exc.strerror}", file=sys.stderr)
+            _warn(f"{output.parent}: fsync failed: {exc.strerror}")
     finally:
         with _signals_blocked():
             if fd >= 0:
                 os.close(fd)
-            if created:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
+            if tmp is not None:
+                safe_files.discard(tmp)
 
 
 def _write_all(
@@ -258,37 +370,33 @@ def _write_all(
         raise out_error(exc, "writing") from None
     progress.advance(len(plan.header))
     for index, shard in enumerate(plan.shards, start=1):
-        try:
-            src = os.open(shard.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError as exc:
-            raise ShardError(shard.path, f"cannot open: {exc.strerror}") from None
-        try:
-            for c in shard.copies:
-                done = 0
-                while done < c.nbytes:
-                    try:
-                        got = copier.copy(
-                            src, fd, c.src_offset + done, c.dst_offset + done, c.nbytes - done
-                        )
-                    except OSError as exc:
-                        raise _blame(exc, shard.path, output, tmp) from None
-                    if got == 0:
-                        raise ShardError(
-                            shard.path,
-                            "truncated while merging (the file changed after validation)",
-                        )
-                    done += got
-                    progress.advance(got)
-                if c.padding:
-                    try:
-                        os.pwrite(fd, bytes(c.padding), c.dst_offset + c.nbytes)
-                    except OSError as exc:
-                        raise out_error(exc, "writing") from None
-                    progress.advance(c.padding)
-        finally:
-            os.close(src)
+        _check_unchanged(shard, index, "after validation")
+        src = shard.fd
+        for c in shard.copies:
+            done = 0
+            while done < c.nbytes:
+                try:
+                    got = copier.copy(
+                        src, fd, c.src_offset + done, c.dst_offset + done, c.nbytes - done
+                    )
+                except OSError as exc:
+                    raise _blame(exc, shard.path, output, tmp) from None
+                if got == 0:
+                    raise ShardError(
+                        shard.path, "truncated while merging (the file changed after validation)"
+                    )
+                done += got
+                progress.advance(got)
+            if c.padding:
+                try:
+                    os.pwrite(fd, bytes(c.padding), c.dst_offset + c.nbytes)
+                except OSError as exc:
+                    raise out_error(exc, "writing") from None
+                progress.advance(c.padding)
         progress.shard_done(index)
     progress.finish()
+    for index, shard in enumerate(plan.shards, start=1):
+        _check_unchanged(shard, index, "while merging")
     try:
         os.fsync(fd)
     except OSError as exc:
@@ -306,24 +414,48 @@ def _blame(exc: OSError, shard: Path, output: Path, tmp: Path) -> ShardError:
 def _verify(plan: MergePlan, fd: int, tmp: Path, output: Path) -> None:
     """The synced file has the planned size and header bytes (re-parsing the header would walk
     the whole vocabulary again: as long as validating the shards)."""
-    size = os.fstat(fd).st_size
-    if size != plan.total_size:
-        raise ShardError(output, f"{tmp.name} has {size} bytes, expected {plan.total_size}")
-    with open(tmp, "rb") as fh:
-        if fh.read(len(plan.header)) != plan.header:
-            raise ShardError(output, f"{tmp.name} does not read back with the planned header")
-
-
-def _fsync_dir(directory: Path) -> None:
-    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    st = os.fstat(fd)
+    if st.st_size != plan.total_size:
+        raise ShardError(output, f"{tmp.name} has {st.st_size} bytes, expected {plan.total_size}")
+    # the temp fd is write-only (safe_files); read back through the name, checked to be that file
     try:
-        os.fsync(dfd)
+        rfd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:  # removed or replaced by someone else meanwhile
+        raise ShardError(output, f"cannot read back {tmp.name}: {exc.strerror}") from None
+    try:
+        back = os.fstat(rfd)
+        same = (back.st_dev, back.st_ino) == (st.st_dev, st.st_ino)
+        if not same or os.pread(rfd, len(plan.header), 0) != plan.header:
+            raise ShardError(output, f"{tmp.name} does not read back with the planned header")
     finally:
-        os.close(dfd)
+        os.close(rfd)
+
+
+def _warn(text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        print(f"warning: {one_line(text)}", file=sys.stderr)
+
+
+def _error(text: str) -> None:
+    with contextlib.suppress(OSError, ValueError):  # stderr may be gone with the session
+        print(f"error: {one_line(text)}", file=sys.stderr)
+
+
+def _result(text: str) -> None:
+    """Print the summary; a closed stdout (`| head -0`, a dropped session) is not a failure."""
+    try:
+        print(text)
+        sys.stdout.flush()
+    except (OSError, ValueError):
+        # point fd 1 at /dev/null so the interpreter's own flush at exit cannot fail either
+        with contextlib.suppress(OSError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
 
 def _install_handlers() -> Callable[[], None]:
-    """SIGINT/SIGTERM raise Interrupted (so cleanup runs); SIGXFSZ is ignored (write gets EFBIG)."""
+    """Stop signals raise Interrupted (so cleanup runs); SIGXFSZ is ignored (write gets EFBIG)."""
     try:
         old = {s: signal.signal(s, _raise_interrupted) for s in _STOP_SIGNALS}
         old[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -355,40 +487,45 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     restore = _install_handlers()
+    fds: list[int] = []
     try:
         t0 = time.monotonic()
         paths = find_shards(args.shard)
-        plan = plan_merge(read_set(paths))
+        for path in paths:  # kept open: the copy reads the very files that were validated
+            fds.append(open_shard(path))
+        plan = plan_merge(read_set(paths, fds))
         checked = time.monotonic() - t0
         summary = (
             f"{len(paths)} shards, {plan.n_tensors} tensors, {_gb(plan.data_bytes)} of tensor data"
             f", alignment {plan.alignment}"
         )
         if args.check:
-            print(f"ok: {summary}; validated in {checked:.2f} s; merged size {plan.total_size}")
+            _result(f"ok: {summary}; validated in {checked:.2f} s; merged size {plan.total_size}")
             return 0
-        _check_output(plan, args.output, args.force, paths)
+        _check_output(plan, args.output, args.force)
         progress = Progress(plan.total_size, len(paths), sys.stderr, not args.no_progress)
         copier = Copier()
         t1 = time.monotonic()
-        write_merged(plan, args.output, progress, copier)
+        write_merged(plan, args.output, progress, copier, args.force)
         took = time.monotonic() - t1
         methods = "+".join(m for m in Copier.METHODS if m in copier.used) or "none"
-        print(
-            f"merged {summary} into {args.output} ({plan.total_size} bytes) in {took:.1f} s, "
-            f"{plan.total_size / max(took, 1e-9) / 1e9:.2f} GB/s via {methods}"
+        _result(
+            f"merged {summary} into {one_line(str(args.output))} ({plan.total_size} bytes) in "
+            f"{took:.1f} s, {plan.total_size / max(took, 1e-9) / 1e9:.2f} GB/s via {methods}"
         )
         return 0
     except ShardError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 1
     except Interrupted as exc:
-        print(
-            f"error: {args.output}: interrupted by {exc}; not written, no temporary file left",
-            file=sys.stderr,
-        )
+        with contextlib.suppress(ValueError):  # a second signal must not cut the message short
+            for s in _STOP_SIGNALS:
+                signal.signal(s, signal.SIG_IGN)
+        _error(f"{args.output}: interrupted by {exc}; not written, no temporary file left")
         return 1
     finally:
+        for fd in fds:
+            os.close(fd)
         restore()
 
 

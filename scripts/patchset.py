@@ -10,21 +10,36 @@ How the work is done safely:
   with `--` is never mistaken for a header), and each touched file is processed on its own copy in
   a temporary directory with `patch -p1 --dry-run` then the real `patch`, fuzz 0;
 - the result must hash to MANIFEST's `after` (apply) or `before` (revert) before anything is
-  installed; installation writes `<file>.vllm-patches.tmp` beside each file and renames, and if a
-  rename fails the files already replaced get their old bytes back.
+  installed; installation writes a fresh temp file beside each file (scripts/safe_files.py: unique
+  name, O_EXCL | O_NOFOLLOW, fsynced) and renames, and if a rename fails the files already
+  replaced get their old bytes back;
+- the tree is locked (flock on DIR/vllm itself: shared to read, exclusive to change, a bounded
+  wait), so concurrent runs serialise instead of racing;
+- nothing outside DIR/vllm is read or written: versions, series entries, patch and MANIFEST paths
+  are plain relative names (no `..`, no absolute path), a touched file must resolve inside
+  DIR/vllm, and a symlinked touched file is refused rather than replaced by a regular file;
+- temp files a killed run left beside touched files (`*.vllm-patches.tmp` of older versions, and
+  safe_files temps) are found: apply/revert remove them, status/verify report them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import safe_files
 
 PATCHES_ROOT = Path(__file__).resolve().parent.parent / "patches"
 PRISTINE, PATCHED, DRIFTED, MISSING = "pristine", "patched", "drifted", "missing"
@@ -42,6 +57,10 @@ _UPSTREAM_STATUS = re.compile(
 _PATCH_NAME = re.compile(r"^\d{4}-[a-z0-9]+(-[a-z0-9]+)*\.patch$")
 _HUNK = re.compile(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@")
 _VERSION = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", re.M)
+# PEP 440 characters only: a version names a directory, so no separator and no `..`
+_VERSION_STRING = re.compile(r"^[0-9]+(\.[0-9A-Za-z]+)*([+-][0-9A-Za-z.+-]*)?$")
+LEGACY_TMP_SUFFIX = ".vllm-patches.tmp"  # the fixed temp name of versions before the lock
+LOCK_TIMEOUT = 60.0  # seconds: a whole apply takes a few; longer means a stuck run
 
 
 class PatchError(Exception):
@@ -52,16 +71,42 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def read_text(path: Path, what: str) -> str:
+    """PATH as UTF-8 text; an unreadable or non-UTF-8 file is a PatchError naming it."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise PatchError(f"{path}: cannot read {what} ({exc.strerror})") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PatchError(
+            f"{path}: {what} is not UTF-8 (byte {data[exc.start]:#04x} at offset {exc.start})"
+        ) from None
+
+
 def vllm_version(site_packages: Path) -> str:
     """The version in DIR/vllm/_version.py, read as text (vllm is never imported)."""
     path = site_packages / "vllm" / "_version.py"
-    try:
-        match = _VERSION.search(path.read_text())
-    except OSError as exc:
-        raise PatchError(f"{path}: cannot read the vLLM version ({exc.strerror})") from exc
+    match = _VERSION.search(read_text(path, "the vLLM version"))
     if not match:
         raise PatchError(f"{path}: no __version__ assignment found")
-    return match.group(1)
+    version = match.group(1)
+    if not _VERSION_STRING.match(version) or ".." in version:
+        raise PatchError(f"{path}: {version!r} is not a version string")
+    return version
+
+
+def safe_relpath(path: str) -> bool:
+    """A relative path under vllm/ with no empty, `.` or `..` component (confined to the tree)."""
+    parts = path.split("/")
+    return (
+        len(parts) >= 2
+        and parts[0] == "vllm"
+        and all(p not in ("", ".", "..") for p in parts)
+        and "\\" not in path
+        and "\0" not in path
+    )
 
 
 def supported_versions(root: Path = PATCHES_ROOT) -> list[str]:
@@ -163,6 +208,8 @@ def split_diffs(text: str, name: str) -> list[FileDiff]:
         old, new = line[4:].split("\t")[0].strip(), lines[i + 1][4:].split("\t")[0].strip()
         if not (old.startswith("a/vllm/") and new.startswith("b/vllm/")) or old[2:] != new[2:]:
             raise PatchError(f"{name}: paths must be a/vllm/... and b/vllm/...: {old} {new}")
+        if not safe_relpath(old[2:]):
+            raise PatchError(f"{name}: path {old!r} leaves the vllm/ tree (`..`, `.` or empty)")
         start, i = i, i + 2
         while i < len(lines) and (match := _HUNK.match(lines[i])):
             n_old = int(match.group(1) or 1)
@@ -195,12 +242,14 @@ def read_manifest(path: Path) -> dict[str, tuple[str, str]]:
     manifest: dict[str, tuple[str, str]] = {}
     if not path.is_file():
         return manifest
-    for n, line in enumerate(path.read_text().splitlines(), 1):
+    for n, line in enumerate(read_text(path, "MANIFEST").splitlines(), 1):
         if not line.strip() or line.startswith("#"):
             continue
         parts = line.split()
         if len(parts) != 3 or not all(re.fullmatch(r"[0-9a-f]{64}", h) for h in parts[:2]):
             raise PatchError(f"{path}:{n}: expected 'BEFORE_SHA256 AFTER_SHA256 vllm/PATH'")
+        if not safe_relpath(parts[2]):
+            raise PatchError(f"{path}:{n}: path {parts[2]!r} leaves the vllm/ tree")
         manifest[parts[2]] = (parts[0], parts[1])
     return manifest
 
@@ -217,7 +266,7 @@ def load_series(version: str, root: Path = PATCHES_ROOT) -> Series:
         raise PatchError(f"no patch series for vLLM {version} (supported: {supported})")
     problems: list[str] = []
     names: list[str] = []
-    for line in (directory / "series").read_text().splitlines():
+    for line in read_text(directory / "series", "the series").splitlines():
         entry = line.split("#", 1)[0].strip()
         if not entry:
             continue
@@ -233,13 +282,14 @@ def load_series(version: str, root: Path = PATCHES_ROOT) -> Series:
         path = directory / name
         if not _PATCH_NAME.match(name):
             problems.append(f"{name}: file name is not NNNN-<area>-<slug>.patch")
+            continue  # never read it: `../x.patch` would be outside the series directory
         if name[:4] in numbers:
             problems.append(f"{name}: patch number {name[:4]} is used twice")
         numbers.add(name[:4])
         if not path.is_file():
             problems.append(f"{name}: listed in series but missing")
             continue
-        text = path.read_text()
+        text = read_text(path, "the patch")
         fields, header_problems = parse_header(text)
         problems += [f"{name}: {p}" for p in header_problems + check_header(fields)]
         patches.append(Patch(name, fields, split_diffs(text, name)))
@@ -261,7 +311,11 @@ def file_state(series: Series, site_packages: Path, path: str) -> tuple[str, str
     target = site_packages / path
     if not target.is_file():
         return MISSING, None
-    digest = sha256(target.read_bytes())
+    try:
+        data = target.read_bytes()
+    except OSError as exc:
+        raise PatchError(f"{target}: cannot read ({exc.strerror})") from exc
+    digest = sha256(data)
     before, after = series.manifest.get(path, ("", ""))
     if digest == after:
         return PATCHED, digest
@@ -322,24 +376,109 @@ def transform(
     return result
 
 
+def check_targets(site_packages: Path, paths: list[str]) -> None:
+    """Refuse touched files that are symlinks or resolve outside DIR/vllm (before any work)."""
+    root = (site_packages / "vllm").resolve()
+    for path in paths:
+        target = site_packages / path
+        try:
+            st = os.lstat(target)
+        except FileNotFoundError:
+            continue  # reported as missing by file_state
+        except OSError as exc:
+            raise PatchError(f"{target}: cannot inspect ({exc.strerror})") from exc
+        if stat.S_ISLNK(st.st_mode):
+            raise PatchError(
+                f"{target} is a symbolic link; refusing to replace it with a regular file "
+                "(reinstall vllm so that it is a plain file, or patch the tree it points into)"
+            )
+        if not stat.S_ISREG(st.st_mode):
+            raise PatchError(f"{target} is not a regular file")
+        if not target.resolve().is_relative_to(root):
+            raise PatchError(f"{target} resolves outside {root}; refusing it")
+
+
+def leftovers(site_packages: Path, paths: list[str]) -> list[Path]:
+    """Temp files that a killed run left beside the touched files."""
+    targets = [site_packages / p for p in paths]
+    found: list[Path] = []
+    for directory in sorted({t.parent for t in targets}):
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            cand = directory / name
+            legacy = name.endswith(LEGACY_TMP_SUFFIX)
+            if legacy or any(safe_files.is_temp_of(cand, t) for t in targets):
+                found.append(cand)
+    return found
+
+
+@contextlib.contextmanager
+def locked(
+    site_packages: Path, *, exclusive: bool, timeout: float = LOCK_TIMEOUT
+) -> Iterator[None]:
+    """flock DIR/vllm (the directory itself: no lock file left in site-packages for pip).
+
+    Shared for status/verify, exclusive for apply/revert; waits up to TIMEOUT seconds.
+    """
+    tree = site_packages / "vllm"
+    try:
+        fd = os.open(tree, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise PatchError(f"{tree}: cannot open to lock it ({exc.strerror})") from exc
+    try:
+        deadline = time.monotonic() + timeout
+        op = (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB
+        while True:
+            try:
+                fcntl.flock(fd, op)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise PatchError(
+                        f"{tree}: another vllm_patches run holds the lock; gave up after "
+                        f"{timeout:g} s"
+                    ) from None
+                time.sleep(0.05)
+        yield
+    finally:
+        os.close(fd)
+
+
 def install(site_packages: Path, new_bytes: dict[str, bytes]) -> None:
-    """Replace the files all together: temp files first, then renames; undo on failure."""
-    staged: list[tuple[Path, Path]] = []
-    done: list[tuple[Path, bytes]] = []
+    """Replace the files all together: fsynced temp files first, then renames; undo on failure."""
+    staged: list[tuple[Path, Path, int]] = []
+    done: list[tuple[Path, bytes, int]] = []
     try:
         for path, data in new_bytes.items():
             target = site_packages / path
-            tmp = target.with_name(target.name + ".vllm-patches.tmp")
-            tmp.write_bytes(data)
-            shutil.copymode(target, tmp)
-            staged.append((tmp, target))
-        for tmp, target in staged:
+            mode = stat.S_IMODE(os.lstat(target).st_mode)
+            try:
+                fd, tmp = safe_files.create_temp(target, mode)
+            except OSError as exc:
+                raise PatchError(
+                    f"{target}: cannot write a temp file beside it ({exc.strerror})"
+                ) from exc
+            staged.append((tmp, target, mode))
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        for tmp, target, mode in staged:
             old = target.read_bytes()
+            safe_files.check_target(target)
             os.replace(tmp, target)
-            done.append((target, old))
+            done.append((target, old, mode))
+        for directory in sorted({t.parent for _, t, _ in staged}):
+            safe_files.fsync_dir(directory)
     except BaseException:
-        for target, old in reversed(done):
-            target.write_bytes(old)
-        for tmp, _ in staged:
+        for target, old, mode in reversed(done):
+            safe_files.write_atomic(target, old, mode)
+        for tmp, _, _ in staged:
             tmp.unlink(missing_ok=True)
         raise

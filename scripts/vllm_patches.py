@@ -10,7 +10,15 @@ patches/vllm-<version>/. Patches are applied with GNU patch (-p1 in DIR), all fi
   revert    restore the pristine bytes of every patched file; a no-op when already pristine
   manifest  (maintainers) rewrite MANIFEST from a pristine DIR after changing the series
 
-Exit: 0 ok, 1 check failed / refused / patch failure / unsupported version, 2 usage.
+Every command refuses an incomplete or inconsistent series (a listed patch missing, an unlisted
+one, a bad header, MANIFEST out of step): each would otherwise act on part of the series. The tree
+is locked while a command runs (shared for status/verify, exclusive for apply/revert, waiting up to
+--lock-timeout). Temp files a killed run left beside the touched files are removed by apply and
+revert and reported (an error) by status and verify. Under --json every outcome, failures
+included (unreadable or non-UTF-8 files, permission errors, a held lock), is one JSON object with
+the keys in JSON_KEYS, and `error: ...` on stderr.
+
+Exit: 0 ok, 1 check failed / refused / patch failure / unsupported version / I/O error, 2 usage.
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ import sysconfig
 from pathlib import Path
 
 import patchset as ps
+import safe_files
 
 EXAMPLES = """examples:
   python scripts/vllm_patches.py status
@@ -58,8 +67,15 @@ def overall(states: list[str]) -> str:
     return "partial"
 
 
-def run(command: str, site: Path, patches_root: Path) -> dict:
+def run(
+    command: str, site: Path, patches_root: Path, lock_timeout: float = ps.LOCK_TIMEOUT
+) -> dict:
     version = ps.vllm_version(site)
+    with ps.locked(site, exclusive=command in ("apply", "revert"), timeout=lock_timeout):
+        return _run_locked(command, site, patches_root, version)
+
+
+def _run_locked(command: str, site: Path, patches_root: Path, version: str) -> dict:
     series = ps.load_series(version, patches_root)
     report: dict = {
         "command": command,
@@ -72,15 +88,39 @@ def run(command: str, site: Path, patches_root: Path) -> dict:
     }
 
     if command == "manifest":
+        # MANIFEST problems are what this command fixes; any other problem still stops it
+        blocking = [p for p in series.problems if not p.startswith("MANIFEST: ")]
+        if blocking:
+            report.update(ok=False, files=[], state=None)
+            report["message"] = "series is inconsistent: " + "; ".join(blocking)
+            return report
+        ps.check_targets(site, series.files)
         entries = {}
         after = ps.transform(series, site, series.files, reverse=False, check=False)
         for path in series.files:
             entries[path] = (ps.sha256((site / path).read_bytes()), ps.sha256(after[path]))
-        (series.directory / "MANIFEST").write_text(ps.format_manifest(entries))
+        safe_files.write_atomic(series.directory / "MANIFEST", ps.format_manifest(entries).encode())
         report.update(ok=True, changed=True, state=ps.PRISTINE, files=[], problems=[])
         report["message"] = f"wrote {series.directory / 'MANIFEST'} ({len(entries)} files)"
         return report
 
+    if series.problems:  # every command: a partial series would act on part of the files
+        report.update(ok=False, files=[], state=None)
+        report["message"] = "series is inconsistent: " + "; ".join(series.problems)
+        return report
+    ps.check_targets(site, series.files)
+    left = ps.leftovers(site, series.files)
+    if left and command in ("status", "verify"):
+        report.update(ok=False, files=[], state=None)
+        report["message"] = (
+            "temp files of an interrupted apply/revert are in the tree (apply or revert removes "
+            "them): " + ", ".join(str(p) for p in left)
+        )
+        return report
+    removed = []
+    for leftover in left:
+        leftover.unlink(missing_ok=True)
+        removed.append(str(leftover))
     files = []
     for path in series.files:
         state, digest = ps.file_state(series, site, path)
@@ -93,9 +133,7 @@ def run(command: str, site: Path, patches_root: Path) -> dict:
     if command == "status":
         report.update(ok=True, message=f"vLLM {version}: {report['state']}")
     elif command == "verify":
-        if series.problems:
-            report.update(ok=False, message="series is inconsistent: " + "; ".join(series.problems))
-        elif report["state"] != ps.PATCHED:
+        if report["state"] != ps.PATCHED:
             bad = [f"{f['path']} is {f['state']}" for f in files if f["state"] != ps.PATCHED]
             report.update(ok=False, message="not patched: " + "; ".join(bad))
         else:
@@ -103,9 +141,7 @@ def run(command: str, site: Path, patches_root: Path) -> dict:
             report.update(ok=True, message=f"vLLM {version}: all {len(files)} files patched")
     elif command == "apply":
         todo = by_state.get(ps.PRISTINE, [])
-        if series.problems:
-            report.update(ok=False, message="series is inconsistent: " + "; ".join(series.problems))
-        elif drifted:
+        if drifted:
             report.update(
                 ok=False,
                 message="refusing to patch; these files match neither MANIFEST hash (another "
@@ -134,6 +170,9 @@ def run(command: str, site: Path, patches_root: Path) -> dict:
     if report["changed"]:
         for f in report["files"]:
             f["state"], f["sha256"] = ps.file_state(series, site, f["path"])
+    if removed:
+        report["changed"] = True
+        report["message"] += f"; removed {len(removed)} leftover temp files: " + ", ".join(removed)
     return report
 
 
@@ -145,7 +184,7 @@ def print_text(report: dict) -> None:
     if report["ok"]:
         print(report["message"])
     else:
-        print(f"error: {report['message']}", file=sys.stderr)
+        print(f"error: {_one_line(report['message'])}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,6 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object with stable keys")
     p.add_argument(
+        "--lock-timeout",
+        type=float,
+        default=ps.LOCK_TIMEOUT,
+        metavar="SECONDS",
+        help="how long to wait for another run's lock on the tree (default: %(default)s)",
+    )
+    p.add_argument(
         "--patches-dir",
         type=Path,
         default=ps.PATCHES_ROOT,
@@ -175,18 +221,36 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     site = args.site_packages or default_site_packages()
     try:
-        report = run(args.command, site, args.patches_dir)
+        report = run(args.command, site, args.patches_dir, args.lock_timeout)
     except ps.PatchError as exc:
-        report = dict.fromkeys(JSON_KEYS)
-        report.update(command=args.command, site_packages=str(site), ok=False, changed=False,
-                      message=str(exc), files=[], patches=[], problems=[])  # fmt: skip
+        report = _failure(args.command, site, str(exc))
+    except (
+        OSError
+    ) as exc:  # a write refused mid-install (read-only tree, disk full): files restored
+        where = f"{exc.filename}: " if exc.filename else ""
+        report = _failure(args.command, site, f"{where}{exc.strerror or exc}")
+    except Exception as exc:
+        if not args.json:
+            raise  # unexpected: keep the traceback
+        report = _failure(args.command, site, f"unexpected {type(exc).__name__}: {exc}")
     if args.json:
         print(json.dumps(report, indent=2, sort_keys=True))
         if not report["ok"]:
-            print(f"error: {report['message']}", file=sys.stderr)
+            print(f"error: {_one_line(report['message'])}", file=sys.stderr)
     else:
         print_text(report)
     return 0 if report["ok"] else 1
+
+
+def _failure(command: str, site: Path, message: str) -> dict:
+    report = dict.fromkeys(JSON_KEYS)
+    report.update(command=command, site_packages=str(site), ok=False, changed=False,
+                  message=message, files=[], patches=[], problems=[])  # fmt: skip
+    return report
+
+
+def _one_line(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,10 @@
 # The end-to-end run on a GPU machine (issue 8), after tests/e2e/device_stage.sh has installed the
 # staged vLLM 0.23.0 into $SITE. Runs in the repository root. One step or all of them:
 #
-#   ckpt     build a tiny random-weight GLM-5 HF checkpoint: tests/e2e/tiny_ckpt.py (no MTP
-#            layer; lm_head rows of the special tokens zero, so sampled text never stops at
-#            once and the smoke client's non-empty checks cannot fail by chance), or
-#            scripts/tiny_glm5.py with CKPT_BUILDER=scripts
+#   ckpt     build a tiny random-weight GLM-5 HF checkpoint: tests/support/tiny_glm5.py --serve
+#            (no MTP layer; lm_head rows of the special tokens zero, so sampled text never stops
+#            at once and the smoke client's non-empty checks cannot fail by chance), or the
+#            patch proof's model (with its MTP layer) with CKPT_BUILDER=proof
 #   convert  llama.cpp's convert_hf_to_gguf.py: quantised ($OUTTYPE) and split into shards
 #            (--split-max-tensors, llama.cpp's -NNNNN-of-MMMMM.gguf naming)
 #   merge    scripts/gguf_merge.py SHARD MERGED; the tensor count checked with gguf-py
@@ -16,7 +16,7 @@
 #            --attention-backend CUSTOM --api-key KEY, CUDA graphs on, in the background
 #   health   wait (bounded) for /health
 #   smoke    scripts/smoke_test.py against the server -> $OUT/smoke.json
-#   probe    scripts/probe_backends.py (capability detected, and 12.0), after the server has
+#   backends scripts/probe_backends.py (capability detected, and 12.0), after the server has
 #            started: a second CUDA process during vLLM's memory profiling can fail its start
 #   stop     stop the server
 # Every invocation ends with a report: $OUT/summary.json (step times and statuses, failure
@@ -26,13 +26,14 @@
 # Environment (defaults): OUT (./e2e-out), WORK (/tmp/e2e), SITE (/tmp/site), SMOKE_SITE
 #   (/tmp/smoke-site), PY (python3), LLAMA_CPP ($WORK/llama_cpp), PORT (8000), DEADLINE (570 s for
 #   one invocation: steps that would start later are skipped), SERVE_TIMEOUT (420 s),
-#   CKPT_BUILDER (e2e|scripts|auto: scripts/tiny_glm5.py when present), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
+#   CKPT_BUILDER (e2e|proof), INDEXER (auto|triton|deepgemm: the plugin's sparse_mla_indexer,
+#   sent as --additional-config), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
 #   serve flags), SMOKE_ARGS, SMOKE_BASE_URL (http://127.0.0.1:$PORT/v1), PLUGIN_INSTALL
 #   (a command replacing the pip install of ./backend).
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
 set -uo pipefail
 
-STEPS=(ckpt convert merge repro patch serve health smoke probe stop)
+STEPS=(ckpt convert merge repro patch serve health smoke backends stop)
 CRITICAL=" ckpt convert merge patch serve health "   # a failure here skips the later steps
 
 usage() { sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -64,6 +65,7 @@ CKPT_BUILDER=${CKPT_BUILDER:-e2e}
 OUTTYPE=${OUTTYPE:-q8_0}
 SPLIT_TENSORS=${SPLIT_TENSORS:-20}
 SERVE_EXTRA=${SERVE_EXTRA:-}
+INDEXER=${INDEXER:-auto}
 SMOKE_ARGS=${SMOKE_ARGS:---requests 16 --concurrency 8 --max-tokens 64}
 SMOKE_BASE_URL=${SMOKE_BASE_URL:-http://127.0.0.1:$PORT/v1}
 MODEL_NAME=${MODEL_NAME:-glm5-tiny}
@@ -106,17 +108,18 @@ api_key() {
 
 step_ckpt() {
   x rm -rf "$CKPT"
-  local builder=tests/e2e/tiny_ckpt.py
-  if [ "$CKPT_BUILDER" = scripts ] || { [ "$CKPT_BUILDER" = auto ] && [ -f scripts/tiny_glm5.py ]; }; then
-    builder=scripts/tiny_glm5.py
-  fi
-  xl ckpt.log "$PY" "$builder" --out "$CKPT" --seed 0 || return 1
+  local flavor=--serve
+  if [ "$CKPT_BUILDER" = proof ]; then flavor=--mtp-layers=1; fi
+  # tests/ holds the builder package (support); $PYTHONPATH the staged torch/tokenizers.
+  xl ckpt.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.tiny_glm5 \
+    --out "$CKPT" --seed 0 "$flavor" || return 1
   [ "$DRY_RUN" = 1 ] || ls -la "$CKPT" | tee -a "$LOGS/ckpt.log"
 }
 
 step_convert() {
   x rm -rf "$GGUF_DIR" && x mkdir -p "$GGUF_DIR"
-  xl convert.log "$PY" tests/e2e/convert_gguf.py --llama-cpp "$LLAMA_CPP" -- "$CKPT" \
+  xl convert.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.llama_cpp convert \
+    --llama-cpp "$LLAMA_CPP" -- "$CKPT" \
     --outtype "$OUTTYPE" --outfile "$GGUF_DIR/$STEM.gguf" --split-max-tensors "$SPLIT_TENSORS" \
     || return 1
   [ "$DRY_RUN" = 1 ] && return 0
@@ -145,7 +148,8 @@ step_repro() {
     xl repro.log "$PY" scripts/vllm_patches.py revert --site-packages "$SITE" || return 1
     xl repro.log "$PY" scripts/vllm_patches.py status --site-packages "$SITE"
   fi
-  xl repro.log env VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" tests/e2e/repro_failures.py \
+  xl repro.log env VLLM_ENABLE_V1_MULTIPROCESSING=0 PYTHONPATH="tests:$PYTHONPATH" \
+    "$PY" -m e2e.repro_failures \
     --gguf "$MERGED" --hf-dir "$CKPT" --json "$OUT/failures.json" --log-dir "$LOGS"
 }
 
@@ -181,7 +185,7 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
     --host 127.0.0.1 --port "$PORT" --served-model-name "$MODEL_NAME" --max-model-len "$mml"
     --max-num-seqs 32 --gpu-memory-utilization 0.3)
   # shellcheck disable=SC2206  # SERVE_EXTRA is a list of flags
-  cmd+=($SERVE_EXTRA)
+  cmd+=(--additional-config "{\"sparse_mla_indexer\": \"$INDEXER\"}" $SERVE_EXTRA)
   printf '+ setsid'; printf ' %q' "${cmd[@]}"; printf ' > %s 2>&1 &\n' "$LOGS/server.log"
   [ "$DRY_RUN" = 1 ] && return 0
   date +%s > "$WORK/server.started"
@@ -195,21 +199,21 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
   say "server pid $(cat "$PIDFILE")"
 }
 
-step_probe() {
+step_backends() {
   local common=(--dtype float16 --head-size 576 --sparse --kv-cache-dtype auto --block-size 64)
-  x "$PY" scripts/probe_backends.py "${common[@]}" ">" "$LOGS/probe_detected.txt" "&"
-  x "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" ">" "$LOGS/probe_cc12.txt"
+  x "$PY" scripts/probe_backends.py "${common[@]}" ">" "$LOGS/backends_detected.txt" "&"
+  x "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" ">" "$LOGS/backends_cc12.txt"
   [ "$DRY_RUN" = 1 ] && return 0
-  "$PY" scripts/probe_backends.py "${common[@]}" > "$LOGS/probe_detected.txt" 2>&1 &
+  "$PY" scripts/probe_backends.py "${common[@]}" > "$LOGS/backends_detected.txt" 2>&1 &
   local p1=$!
-  "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" > "$LOGS/probe_cc12.txt" 2>&1
+  "$PY" scripts/probe_backends.py --capability 12.0 "${common[@]}" > "$LOGS/backends_cc12.txt" 2>&1
   local r2=$?
   wait "$p1"; local r1=$?
   { echo "## probe_backends.py ${common[*]} (capability detected), exit $r1"
-    cat "$LOGS/probe_detected.txt"
+    cat "$LOGS/backends_detected.txt"
     echo; echo "## probe_backends.py --capability 12.0 ${common[*]}, exit $r2"
-    cat "$LOGS/probe_cc12.txt"; } > "$OUT/probe.txt"
-  cat "$OUT/probe.txt"
+    cat "$LOGS/backends_cc12.txt"; } > "$OUT/backends.txt"
+  cat "$OUT/backends.txt"
   [ "$r1" = 0 ] && [ "$r2" = 0 ]
 }
 

@@ -3,7 +3,7 @@
 One command, run on a GPU machine (the H200 test machine: compute capability 9.0, which the
 backend accepts so vLLM's own FLASHMLA_SPARSE can serve as the reference):
 
-    python3 tests/e2e/plugin_proof.py OUTDIR [--site /tmp/site]
+    PYTHONPATH=tests python3 -m e2e.plugin_proof OUTDIR [--site /tmp/site]
 
 ``--site DIR`` first installs the plugin there (``pip install --no-deps --no-build-isolation
 --target DIR backend/``) and applies patches/vllm-0.23.0/0010-*.patch to DIR/vllm if it is not
@@ -12,20 +12,22 @@ PYTHONPATH. Writes OUTDIR/proof.json (every run and every check), OUTDIR/proof.l
 and OUTDIR/<group>.log (vLLM's output per worker process). Exit 0 when every check passes, 1 when
 one fails, 2 on usage errors.
 
-Model: tests/e2e/models/tiny-glm5-dsa (GLM-5 attention geometry: 8 heads, kv_lora 512, rope 64,
+Models: written config-only into OUTDIR/models/ by tests/support/tiny_glm5.py (MODELS below):
+tiny-glm5-dsa (GLM-5 attention geometry: 8 heads, kv_lora 512, rope 64,
 qk_nope 192, v 256; indexer 32 heads x 128, index_topk 128; 3 layers, 8 experts), loaded with
 ``load_format="dummy"``; its weights are then re-drawn in place from a per-parameter seed (crc32
 of the name) at useful scales (vLLM's dummy weights are +-1e-3, which makes every attention
 pattern look alike), identically in every run and for every dtype. Prompts are 4 x 300 random
 token ids (> index_topk, so attention is truly sparse), greedy, 24 new tokens, ignore_eos.
 
-Runs (two worker processes; the indexer mode is fixed per process by SPARSE_MLA_INDEXER):
-- group ``vllm_indexer`` (SPARSE_MLA_INDEXER=deepgemm: vLLM's own DeepGEMM indexer on sm90):
+Runs (two worker processes, one per indexer choice, passed to every engine of the group as
+``additional_config={"sparse_mla_indexer": ...}``, what ``vllm serve --additional-config`` sets):
+- group ``vllm_indexer`` (sparse_mla_indexer=deepgemm: vLLM's own DeepGEMM indexer on sm90):
   ref_flashmla_bf16 (FLASHMLA_SPARSE, the reference), custom_bf16_dg (CUSTOM: our attention
   only), custom_bf16_topk2048 + triton_mla_bf16_dense (index_topk 2048 >= context vs the dense
   TRITON_MLA backend on the same weights, model tiny-dsv3-dense), triton_mla_fp16_dense_graphs
   (decode throughput of vLLM's dense Triton MLA with CUDA graphs).
-- group ``sm120_indexer`` (SPARSE_MLA_INDEXER=triton: our Triton MQA-logits kernels, the SM120
+- group ``sm120_indexer`` (sparse_mla_indexer=triton: our Triton MQA-logits kernels, the SM120
   path, forced on this GPU): custom_bf16, custom_fp16 (eager), custom_fp16_graphs (full CUDA
   graphs for decode, FULL_DECODE_ONLY; same results as eager; decode throughput).
 
@@ -47,8 +49,15 @@ import zlib
 from pathlib import Path
 from typing import Any
 
+from support import tiny_glm5
+
 REPO = Path(__file__).resolve().parents[2]
-MODELS = Path(__file__).resolve().parent / "models"
+# name -> support.tiny_glm5.config() options; no MTP layer (the proof serves the trunk only).
+MODELS: dict[str, dict[str, Any]] = {
+    "tiny-glm5-dsa": {"mtp_layers": 0},
+    "tiny-glm5-dsa-topk2048": {"mtp_layers": 0, "index_topk": 2048},
+    "tiny-dsv3-dense": {"mtp_layers": 0, "arch": "deepseek_v3"},
+}
 PATCH = REPO / "patches/vllm-0.23.0/0010-deep-gemm-oot-mqa-logits.patch"
 
 SEED = 0
@@ -58,7 +67,7 @@ TOL_16BIT = 0.1  # a greedy divergence where the reference's top two are this cl
 
 GROUPS: dict[str, dict[str, Any]] = {
     "vllm_indexer": {
-        "env": {"SPARSE_MLA_INDEXER": "deepgemm"},
+        "indexer": "deepgemm",
         "runs": [
             ("ref_flashmla_bf16", "tiny-glm5-dsa", "bfloat16", "FLASHMLA_SPARSE", False, False),
             ("custom_bf16_dg", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False),
@@ -75,7 +84,7 @@ GROUPS: dict[str, dict[str, Any]] = {
         ],
     },
     "sm120_indexer": {
-        "env": {"SPARSE_MLA_INDEXER": "triton"},
+        "indexer": "triton",
         "runs": [
             ("custom_bf16", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False),
             ("custom_fp16", "tiny-glm5-dsa", "float16", "CUSTOM", False, False),
@@ -161,7 +170,7 @@ def _prompts(n: int, length: int, salt: int) -> list[list[int]]:
     return [[rng.randrange(3, 512) for _ in range(length)] for _ in range(n)]
 
 
-def _run_one(spec: tuple, log: Any) -> dict[str, Any]:
+def _run_one(spec: tuple, indexer: str, models: Path, log: Any) -> dict[str, Any]:
     import torch
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig
@@ -182,8 +191,8 @@ def _run_one(spec: tuple, log: Any) -> dict[str, Any]:
         )
     t0 = time.perf_counter()
     llm = LLM(
-        model=str(MODELS / model),
-        tokenizer=str(MODELS / model),
+        model=str(models / model),
+        tokenizer=str(models / model),
         dtype=dtype,
         load_format="dummy",
         seed=SEED,
@@ -192,6 +201,7 @@ def _run_one(spec: tuple, log: Any) -> dict[str, Any]:
         max_model_len=1024,
         max_num_seqs=32,
         max_num_batched_tokens=2048,
+        additional_config={"sparse_mla_indexer": indexer},
         enable_prefix_caching=False,
         gpu_memory_utilization=0.2,
         kv_cache_memory_bytes=2 << 30,
@@ -267,7 +277,8 @@ def worker(group: str, out: Path) -> int:
     results: dict[str, Any] = {"group": group, "runs": {}, "errors": {}}
     for spec in GROUPS[group]["runs"]:
         try:
-            results["runs"][spec[0]] = _run_one(spec, sys.stdout)
+            indexer = GROUPS[group]["indexer"]
+            results["runs"][spec[0]] = _run_one(spec, indexer, out.parent / "models", sys.stdout)
         except Exception as exc:  # keep going: later runs and checks still say something
             import traceback
 
@@ -279,6 +290,12 @@ def worker(group: str, out: Path) -> int:
 
 # ----------------------------------------------------------------------------------------------
 # Driver side: no vLLM import.
+
+
+def write_models(root: Path) -> None:
+    """The proof's config-only models (vLLM draws dummy weights; _reinit_weights redraws them)."""
+    for name, options in MODELS.items():
+        tiny_glm5.write_model_dir(root / name, tiny_glm5.config(**options))
 
 
 def compare(run: dict[str, Any], ref: dict[str, Any], tol: float) -> dict[str, Any]:
@@ -390,7 +407,7 @@ def _apply_hunks(patch: str, target: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="example: PYTHONPATH=/tmp/site python3 tests/e2e/plugin_proof.py /tmp/proof "
+        epilog="example: PYTHONPATH=/tmp/site:tests python3 -m e2e.plugin_proof /tmp/proof "
         "--site /tmp/site",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -407,6 +424,8 @@ def main(argv: list[str] | None = None) -> int:
         return worker(args.worker, args.outdir)
 
     args.outdir.mkdir(parents=True, exist_ok=True)
+    if not args.evaluate:
+        write_models(args.outdir / "models")
     with open(args.outdir / "proof.log", "w") as log:
         if args.site and not args.evaluate:
             _install(args.site, log)
@@ -416,10 +435,13 @@ def main(argv: list[str] | None = None) -> int:
         for group in args.group or list(GROUPS):
             env = {
                 **os.environ,
-                **GROUPS[group]["env"],
                 "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # one process: apply_model + cleanup
                 "VLLM_USE_FLASHINFER_SAMPLER": "0",
                 "PYTHONUNBUFFERED": "1",
+                # the worker imports this module as e2e.plugin_proof (tests/ is its root)
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(REPO / "tests"), os.environ.get("PYTHONPATH")) if p
+                ),
             }
             result_file = args.outdir / f"{group}.json"
             if args.evaluate:
@@ -430,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             with open(args.outdir / f"{group}.log", "w") as group_log:
                 proc = subprocess.run(
-                    [sys.executable, __file__, "--worker", group, str(result_file)],
+                    [sys.executable, "-m", "e2e.plugin_proof", "--worker", group,
+                     str(result_file)],
                     env=env, stdout=group_log, stderr=subprocess.STDOUT, check=False,
                 )  # fmt: skip
             print(f"group {group}: exit {proc.returncode}, "

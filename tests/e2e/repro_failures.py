@@ -21,7 +21,7 @@ exception vLLM itself raises, with its traceback. Cases, in order:
 Exit: 0 when every expected failure was reproduced (and dtype_cc9 behaved as expected), 1 if
 not, 2 on usage errors.
 
-    python tests/e2e/repro_failures.py --gguf M.gguf --hf-dir CKPT --json failures.json
+    PYTHONPATH=tests python -m e2e.repro_failures --gguf M.gguf --hf-dir CKPT --json failures.json
 """
 
 from __future__ import annotations
@@ -36,10 +36,12 @@ import traceback
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from support import cli
+
 EXAMPLES = """examples:
-  python tests/e2e/repro_failures.py --gguf /tmp/e2e/tiny-glm5-Q8_0.gguf \\
+  PYTHONPATH=tests python -m e2e.repro_failures --gguf /tmp/e2e/tiny-glm5-Q8_0.gguf \\
       --hf-dir /tmp/e2e/ckpt --json out/failures.json --log-dir /tmp/e2e/logs
-  python tests/e2e/repro_failures.py --gguf M.gguf --hf-dir CKPT --case speculators
+  PYTHONPATH=tests python -m e2e.repro_failures --gguf M.gguf --hf-dir CKPT --case speculators
 """
 
 CASES = ("speculators", "dtype_cc9", "dtype_cc12", "backend")
@@ -191,11 +193,7 @@ def run_case(name: str, args: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python -m e2e.repro_failures")
     p.add_argument("--gguf", type=Path, required=True, help="the merged glm-dsa GGUF")
     p.add_argument("--hf-dir", type=Path, required=True, help="the HF checkpoint folder")
     p.add_argument("--json", type=Path, help="write the records here")

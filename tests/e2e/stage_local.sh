@@ -92,7 +92,7 @@ done
 cp "$openai_whl" "$pay/wheels/smoke/"
 # GNU patch (needs only glibc 2.17) in case the image lacks it: pipeline.sh puts it on PATH then
 mkdir -p "$pay/wheels/bin" && cp "$(command -v patch)" "$pay/wheels/bin/patch"
-llama=$(cd "$src_repo" && "$PY" tests/tools/llama_cpp.py source)
+llama=$(cd "$src_repo" && PYTHONPATH=tests "$PY" -m support.llama_cpp source)
 tar -C "$llama" --owner=0 --group=0 --numeric-owner --exclude=__pycache__ --exclude='gguf-py/tests' \
   -czf "$pay/wheels/llama_cpp.tgz" convert_hf_to_gguf.py conversion gguf-py
 ( cd "$pay" && { ls wheels/vllm-*.whl; ls wheels/*.whl | grep -v '^wheels/vllm-' | sort;

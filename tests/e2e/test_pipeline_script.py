@@ -24,7 +24,9 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 PIPELINE = HERE / "pipeline.sh"
 DEVICE_STAGE = HERE / "device_stage.sh"
-STEPS = ["ckpt", "convert", "merge", "repro", "patch", "serve", "health", "smoke", "probe", "stop"]
+STEPS = [
+    "ckpt", "convert", "merge", "repro", "patch", "serve", "health", "smoke", "backends", "stop"
+]  # fmt: skip
 
 
 def run(args: list[str], env: dict[str, str] | None = None, cwd: Path = REPO):
@@ -58,10 +60,11 @@ def test_dry_run_shows_the_fixed_interfaces(tmp_path: Path) -> None:
     out = dry_run(tmp_path, "all").stdout
     work = tmp_path / "work"
     merged = f"{work}/tiny-glm5-Q8_0.gguf"
-    assert f"tests/e2e/tiny_ckpt.py --out {work}/ckpt --seed 0" in out
+    assert f"-m support.tiny_glm5 --out {work}/ckpt --seed 0 --serve" in out
+    assert f"-m support.llama_cpp convert --llama-cpp {work}/llama_cpp -- {work}/ckpt" in out
     assert "--outtype q8_0" in out and "--split-max-tensors 20" in out
     assert f"scripts/gguf_merge.py --no-progress {work}/gguf/tiny-glm5-Q8_0-00001-of-" in out
-    assert f"tests/e2e/repro_failures.py --gguf {merged} --hf-dir {work}/ckpt" in out
+    assert f"-m e2e.repro_failures --gguf {merged} --hf-dir {work}/ckpt" in out
     assert "scripts/vllm_patches.py apply --site-packages /tmp/site" in out
     assert "scripts/vllm_patches.py verify --site-packages /tmp/site" in out
     assert "--target /tmp/site ./backend" in out
@@ -70,6 +73,7 @@ def test_dry_run_shows_the_fixed_interfaces(tmp_path: Path) -> None:
         f"serve {merged} --hf-config-path {work}/ckpt --tokenizer {work}/ckpt",
         "--dtype float16",
         "--attention-backend CUSTOM",
+        '--additional-config \\{\\"sparse_mla_indexer\\":\\ \\"auto\\"\\}',
         "--api-key KEY",
         "--host 127.0.0.1",
     ):
@@ -196,10 +200,12 @@ def test_report_summarises_steps_failures_and_smoke(tmp_path: Path) -> None:
 
 
 def test_convert_wrapper_needs_converter_arguments(tmp_path: Path) -> None:
-    r = run([sys.executable, str(HERE / "convert_gguf.py"), "--llama-cpp", str(tmp_path)])
+    convert = [sys.executable, "-m", "support.llama_cpp", "convert", "--llama-cpp", str(tmp_path)]
+    tests_path = {"PYTHONPATH": str(REPO / "tests")}
+    r = run(convert, env=tests_path)
     assert r.returncode == 2
     assert "error:" in r.stderr and "convert_hf_to_gguf.py not found" in r.stderr
     if shutil.which("bash"):
         (tmp_path / "convert_hf_to_gguf.py").write_text("")
-        r = run([sys.executable, str(HERE / "convert_gguf.py"), "--llama-cpp", str(tmp_path)])
+        r = run(convert, env=tests_path)
         assert r.returncode == 2 and "give the converter's arguments after --" in r.stderr

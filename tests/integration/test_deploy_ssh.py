@@ -11,30 +11,22 @@ files (when scripts/vllm_patches.py and patches/ are merged).
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import os
 import shutil
 import stat
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 import yaml
-from deploy_helpers import REPO, VENV_BIN, Result, make, runtime_venv, start_sshd
+from support.deploy import REPO, VENV_BIN, Result, make, runtime_venv, start_sshd
+from support.fake_openai_server import Behaviour, FakeOpenAIServer
 
 pytestmark = [pytest.mark.runtime, pytest.mark.slow]
 
-HAVE_MERGER = (REPO / "scripts/gguf_merge.py").is_file()
-HAVE_PATCHES = (REPO / "scripts/vllm_patches.py").is_file() and (
-    REPO / "patches/vllm-0.23.0/series"
-).is_file()
-HAVE_SMOKE = (REPO / "scripts/smoke_test.py").is_file() and (
-    REPO / "tests/smoke/fake_openai_server.py"
-).is_file()
 HOST = "glm5-test"
 
 # The explicit switches for what this machine cannot do (each named, each documented).
@@ -99,7 +91,7 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> dict:
     (hf_src / "tokenizer_config.json").write_text("{}")
     (hf_src / "model-00001.safetensors").write_text("weights are never copied")
     _write_shards(root / "shards")
-    switches = dict(TARGET_SWITCHES, gguf_weights_merge=HAVE_MERGER)
+    switches = dict(TARGET_SWITCHES, gguf_weights_merge=True)
     paths = {
         "glm5_install_dir": str(root / "opt"),
         "glm5_model_dir": str(root / "srv"),
@@ -115,11 +107,10 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> dict:
         "vllm_service_systemd_dir": str(root / "systemd"),
         "vllm_service_port": 18000 + os.getpid() % 1000,
     }
-    if HAVE_PATCHES:
-        staged = root / "site-packages"
-        src = venv / "lib/python3.11/site-packages/vllm"
-        shutil.copytree(src, staged / "vllm", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
-        paths["vllm_patches_site_packages"] = str(staged)
+    staged = root / "site-packages"
+    src = venv / "lib/python3.11/site-packages/vllm"
+    shutil.copytree(src, staged / "vllm", ignore=shutil.ignore_patterns("*.so", "__pycache__"))
+    paths["vllm_patches_site_packages"] = str(staged)
     host_vars = {**switches, **paths, **sshd.ansible_vars()}
     vars_file = root / "vars.yml"
     vars_file.write_text(yaml.safe_dump(host_vars))
@@ -127,14 +118,13 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> dict:
     inventory.mkdir()
     (inventory / "group_vars").symlink_to(REPO / "inventory/group_vars")
     (inventory / "hosts.yml").write_text(yaml.safe_dump({"all": {"hosts": {HOST: host_vars}}}))
-    skip = "" if HAVE_PATCHES else " --skip-tags patches"
     state = {
         "root": root,
         "vars": host_vars,
         "sshd": sshd,
         "inventory": inventory / "hosts.yml",
-        "args": f"-e @{vars_file}{skip}",
-        "inv_args": skip.strip(),
+        "args": f"-e @{vars_file}",
+        "inv_args": "",
         "outputs": [],
     }
     yield state
@@ -270,7 +260,6 @@ def test_health_wait_simulated_vllm_up_and_down(target: dict) -> None:
     assert "journal lines (journalctl -u glm5-vllm)" in down.output
 
 
-@pytest.mark.skipif(not HAVE_MERGER, reason="scripts/gguf_merge.py not merged yet")
 def test_merge_is_stamped_and_redone_only_when_a_shard_changes(target: dict) -> None:
     v = target["vars"]
     merged = Path(v["glm5_model_dir"]) / "GLM-5-Q4_K_M.gguf"
@@ -289,7 +278,6 @@ def test_merge_is_stamped_and_redone_only_when_a_shard_changes(target: dict) -> 
     assert again.recap(HOST)["changed"] == 0
 
 
-@pytest.mark.skipif(not HAVE_PATCHES, reason="scripts/vllm_patches.py / patches/ not merged yet")
 def test_patch_drift_stops_verify_with_the_tools_message(target: dict) -> None:
     staged = Path(target["vars"]["vllm_patches_site_packages"])
     config = staged / "vllm/transformers_utils/config.py"
@@ -304,18 +292,11 @@ def test_patch_drift_stops_verify_with_the_tools_message(target: dict) -> None:
     assert "drifted" in result.output
 
 
-@pytest.mark.skipif(not HAVE_SMOKE, reason="scripts/smoke_test.py not merged yet")
 def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
     """make smoke runs smoke_test.py on the host against a stand-in OpenAI server on the port."""
-    spec = importlib.util.spec_from_file_location(
-        "fake_openai_server", REPO / "tests/smoke/fake_openai_server.py"
-    )
-    fake = importlib.util.module_from_spec(spec)
-    sys.modules["fake_openai_server"] = fake
-    spec.loader.exec_module(fake)
     key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
-    behaviour = fake.Behaviour(models=["glm-5"], api_key=key)
-    with fake.FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
+    behaviour = Behaviour(models=["glm-5"], api_key=key)
+    with FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
         result = _by_name(target, "smoke")
     assert result.rc == 0, result.output[-4000:]
     assert key not in result.output
@@ -323,43 +304,42 @@ def test_smoke_role_against_simulated_vllm_server(target: dict) -> None:
     assert any(auth is None for _, _, auth in server.requests)  # the 401 check ran
 
 
+def _fab(env: dict[str, str], *task: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [str(VENV_BIN / "fab"), "-H", HOST, *task],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def test_smoke_in_check_mode_writes_no_report_on_the_host(target: dict) -> None:
+    key = Path(target["vars"]["vllm_service_key_file"]).read_text().strip().split("=", 1)[1]
+    report = Path(target["vars"]["vllm_service_home"]) / "smoke.json"
+    report.unlink(missing_ok=True)
+    behaviour = Behaviour(models=["glm-5"], api_key=key)
+    with FakeOpenAIServer(behaviour, port=target["vars"]["vllm_service_port"]) as server:
+        result = _by_name(target, "smoke", CHECK="1")
+    assert result.rc == 0, result.output[-4000:]
+    assert result.recap(HOST)["changed"] == 0
+    assert server.requests  # the endpoint was really checked
+    assert not report.exists()
+
+
 def test_fabric_status_and_verify_against_the_same_sshd(target: dict) -> None:
     env = dict(os.environ, GLM5_INVENTORY=str(target["inventory"]))
-    if not HAVE_PATCHES:
-        env["GLM5_ANSIBLE_ARGS"] = "--skip-tags patches"
-    status = subprocess.run(
-        [str(VENV_BIN / "fab"), "-H", HOST, "status"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert status.returncode == 0, status.stdout + status.stderr
+    status = _fab(env, "status")
+    # Deployed, but no systemd runs the service here and nothing answers /health: unhealthy.
+    assert status.returncode == 1, status.stdout + status.stderr
     port = target["vars"]["vllm_service_port"]
     assert f"== {HOST}" in status.stdout
+    assert "not deployed" not in status.stdout
     assert "gpu:     no nvidia-smi" in status.stdout
     assert "driver:  not loaded" in status.stdout
     assert f"health:  http://127.0.0.1:{port}/health down" in status.stdout
-    logs = subprocess.run(
-        [str(VENV_BIN / "fab"), "-H", HOST, "logs", "--lines", "5"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    assert "patches: patched: " in status.stdout
+    assert f"{HOST}: UNHEALTHY: service " in status.stdout
+    assert status.stderr.strip().splitlines()[-1] == f"error: unhealthy: {HOST}"
+    logs = _fab(env, "logs", "--lines", "5")
     assert logs.returncode == 0 and f"== {HOST}" in logs.stdout
-    verify = subprocess.run(
-        [str(VENV_BIN / "fab"), "-H", HOST, "verify"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    verify = _fab(env, "verify", timeout=600)
     assert verify.returncode == 0, verify.stdout[-4000:] + verify.stderr
     assert f"{HOST}" in verify.stdout and "failed=0" in verify.stdout

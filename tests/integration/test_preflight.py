@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 import yaml
-from deploy_helpers import REPO, make
+from support.deploy import REPO, make
 
 NO_GPU = "no NVIDIA GPU found (no PCI device with vendor 0x10de, nvidia-smi not found)"
 
@@ -135,8 +135,13 @@ def test_make_deploy_check_runs_the_whole_play_on_this_box_and_changes_nothing(
     )
     before = {p: p.exists() for p in (Path("/opt/glm5"), Path("/srv/glm5"), Path("/etc/glm5"))}
     result = make("deploy", CHECK="1", ANSIBLE_ARGS=f"-e @{vars_file}")
-    assert result.rc == 0, result.output[-4000:]
+    # The whole plan shows, then check mode ends non-zero with the real run's refusal.
+    assert result.rc != 0, result.output[-4000:]
     assert f"check mode: a real run would stop here: {NO_GPU}" in result.output
+    verdict = "TASK [preflight : Preflight | Refuse in check mode what a real run refuses]"
+    assert verdict in result.output
+    assert result.output.index(verdict) > result.output.index("Service | Install the systemd unit")
+    assert f"error: localhost: {NO_GPU}" in result.output
     for task in (
         "TASK [nvidia_driver : Driver | Look for the headers package of the running kernel]",
         "TASK [vllm_runtime : Runtime | Install uv into its own venv]",
@@ -144,5 +149,5 @@ def test_make_deploy_check_runs_the_whole_play_on_this_box_and_changes_nothing(
         "TASK [vllm_service : Service | Install the systemd unit]",
     ):
         assert task in result.output
-    assert result.recap("localhost")["failed"] == 0
+    assert result.recap("localhost")["failed"] == 1  # the verdict, nothing else
     assert {p: p.exists() for p in before} == before  # check mode wrote nothing

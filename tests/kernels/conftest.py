@@ -25,7 +25,7 @@ def kernel_device() -> str:
 
 @pytest.fixture(scope="session")
 def interpreter_results(tmp_path_factory: pytest.TempPathFactory, kernel_device: str):
-    """All CPU cases, computed once by ``kernel_cases.py`` under TRITON_INTERPRET=1."""
+    """All CPU cases, computed once by ``support.kernel_cases`` under TRITON_INTERPRET=1."""
     if kernel_device != "cpu":
         return None
     import torch
@@ -34,7 +34,7 @@ def interpreter_results(tmp_path_factory: pytest.TempPathFactory, kernel_device:
     path = os.pathsep.join(p for p in (SUBPROCESS_PATH, os.environ.get("PYTHONPATH")) if p)
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     proc = subprocess.run(
-        [sys.executable, str(HERE / "kernel_cases.py"), str(out)],
+        [sys.executable, "-m", "support.kernel_cases", str(out)],
         env=env,
         capture_output=True,
         text=True,
@@ -53,6 +53,6 @@ def case_result(request, kernel_device, interpreter_results):
         if "error" in res:
             pytest.fail(f"{name} raised under the interpreter: {res['error']}")
         return res
-    import kernel_cases
+    from support import kernel_cases
 
     return kernel_cases.run_case(name, kernel_device)

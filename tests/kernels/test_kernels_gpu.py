@@ -17,7 +17,7 @@ from support.kernel_inputs import (  # noqa: E402
     nan_like,
 )
 
-pytestmark = [pytest.mark.runtime, pytest.mark.gpu]
+pytestmark = [pytest.mark.runtime(requires=("torch", "triton")), pytest.mark.gpu]
 
 TOPK = 2048
 NB = 2048  # cache blocks of 64: 131072 slots

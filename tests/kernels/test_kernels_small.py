@@ -9,10 +9,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from kernel_cases import ATTN_CASES, CASES  # noqa: E402
+from support.kernel_cases import ATTN_CASES, CASES  # noqa: E402
 from support.kernel_inputs import check_close, check_topk, topk_logits  # noqa: E402
 
-pytestmark = pytest.mark.runtime
+pytestmark = pytest.mark.runtime(requires=("torch", "triton"))
 
 
 @pytest.mark.parametrize("case_result", [f"attn_{n}" for n in ATTN_CASES], indirect=True)

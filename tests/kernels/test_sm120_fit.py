@@ -11,7 +11,7 @@ pytest.importorskip("triton")
 
 from support.sm120_fit import SM120_SHARED_LIMIT, fit_table, format_table, pipelining  # noqa: E402
 
-pytestmark = pytest.mark.runtime
+pytestmark = pytest.mark.runtime(requires=("triton",))
 
 
 def test_every_launched_config_fits_sm120(capsys):

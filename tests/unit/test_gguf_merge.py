@@ -12,13 +12,14 @@ from pathlib import Path
 import gguf_merge
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
-from gguf_fixtures import (
+import safe_files
+from gguf import GGUFReader
+from support.gguf_fixtures import (
     Q,
     Tensor,
     assert_merged_matches,
-    glm_dsa_metadata,
     glm_dsa_tensors,
+    write_native_split,
     write_split,
 )
 
@@ -63,25 +64,7 @@ def test_any_shard_gives_the_same_file(tmp_path):
 def test_gguf_writer_native_split(tmp_path):
     """gguf-py's own splitter (small_first_shard = metadata-only first shard, as convert does)."""
     tensors = glm_dsa_tensors(seed=7)
-    w = GGUFWriter(
-        tmp_path / "GLM-5-native.gguf", "glm-dsa", split_max_tensors=30, small_first_shard=True
-    )
-    for key, value, vtype in glm_dsa_metadata()[1:]:
-        w.add_key_value(
-            key,
-            value,
-            vtype,
-            GGUFValueType.STRING if key.endswith(("tokens", "merges", "tags")) else None,
-        )
-    for t in tensors:
-        w.add_tensor(
-            t.name, t.data, raw_dtype=None if t.ggml_type in (Q.F32, Q.F16) else t.ggml_type
-        )
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    shards = sorted(tmp_path.glob("GLM-5-native-*-of-*.gguf"))
+    shards = write_native_split(tmp_path / "GLM-5-native.gguf", tensors, 30)
     assert len(shards) == 5 and shards[0].name == "GLM-5-native-00001-of-00005.gguf"
     out = tmp_path / "merged.gguf"
     assert gguf_merge.main(["--no-progress", str(shards[0]), str(out)]) == 0
@@ -103,16 +86,21 @@ def test_force_replaces_existing_output(tmp_path):
     out.write_bytes(b"old")
     assert gguf_merge.main(["--no-progress", "--force", str(shards[0]), str(out)]) == 0
     assert out.read_bytes()[:4] == b"GGUF"
-    assert not (tmp_path / "m.gguf.tmp").exists()
+    assert sorted(tmp_path.iterdir()) == sorted([*shards, out])
 
 
-def test_stale_temp_file_is_replaced(tmp_path, capsys):
+def test_stale_temp_file_is_removed_and_reported(tmp_path, capsys):
     shards = write_split(tmp_path, glm_dsa_tensors(), 3)
     out = tmp_path / "m.gguf"
-    (tmp_path / "m.gguf.tmp").write_bytes(b"x" * 100_000)  # left by a SIGKILLed merge
+    stale = safe_files.temp_name(out)
+    stale.write_bytes(b"x" * 100_000)  # left by a SIGKILLed merge
     assert gguf_merge.main(["--no-progress", str(shards[0]), str(out)]) == 0
-    assert "replacing a stale file" in capsys.readouterr().err
-    assert not (tmp_path / "m.gguf.tmp").exists()
+    assert capsys.readouterr().err == (
+        f"warning: {stale}: removed the temp file of an interrupted merge (100000 bytes)\n"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [*(s.name for s in shards), "m.gguf"]
+    )
     assert_merged_matches(out, shards, glm_dsa_tensors(), 32)
 
 

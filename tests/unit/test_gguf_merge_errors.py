@@ -22,8 +22,9 @@ from pathlib import Path
 
 import gguf_merge
 import pytest
+import safe_files
 from gguf import GGUFValueType
-from gguf_fixtures import glm_dsa_tensors, llama_split_keys, write_split
+from support.gguf_fixtures import glm_dsa_tensors, llama_split_keys, write_split
 
 SCRIPT = Path(gguf_merge.__file__)
 U16, I32, U32 = GGUFValueType.UINT16, GGUFValueType.INT32, GGUFValueType.UINT32
@@ -47,6 +48,13 @@ def _merge_fails(capsys, args: list[str], out_dir: Path, pattern: str) -> str:
     return err
 
 
+def _set_fails(capsys, shard: Path, out_dir: Path, bad: Path, problem: str) -> str:
+    """Merging the set of ``shard`` into out_dir/m.gguf fails naming ``bad`` with ``problem``
+    (a regular expression)."""
+    args = [str(shard), str(out_dir / "m.gguf")]
+    return _merge_fails(capsys, args, out_dir, rf"error: {re.escape(str(bad))}: {problem}")
+
+
 def _shards(in_dir: Path, n: int = 4, **kw) -> list[Path]:
     return write_split(in_dir, glm_dsa_tensors(), n, **kw)
 
@@ -58,9 +66,9 @@ def test_missing_shard(dirs, capsys):
     in_dir, out_dir = dirs
     shards = _shards(in_dir)
     shards[2].unlink()
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[2]))}: missing shard 3 of 4",
+    _set_fails(
+        capsys, shards[0], out_dir, shards[2],
+        r"missing shard 3 of 4",
     )  # fmt: skip
 
 
@@ -68,9 +76,9 @@ def test_duplicate_shard_copied_over_another(dirs, capsys):
     in_dir, out_dir = dirs
     shards = _shards(in_dir)
     shutil.copyfile(shards[1], shards[2])
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[2]))}: split.no is 1 \(shard 2\) but the file name says "
+    _set_fails(
+        capsys, shards[0], out_dir, shards[2],
+        r"split.no is 1 \(shard 2\) but the file name says "
         r"shard 3 of 4: a duplicate shard\?",
     )  # fmt: skip
 
@@ -80,9 +88,9 @@ def test_duplicate_shard_same_file_linked(dirs, capsys):
     shards = _shards(in_dir)
     shards[3].unlink()
     os.link(shards[1], shards[3])
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[3]))}: duplicate shard: same file as shard 2 \(.*\)",
+    _set_fails(
+        capsys, shards[0], out_dir, shards[3],
+        r"duplicate shard: same file as shard 2 \(.*\)",
     )  # fmt: skip
 
 
@@ -92,9 +100,9 @@ def test_wrong_file_name_pattern(dirs, capsys, name):
     shards = _shards(in_dir)
     bad = in_dir / name
     shutil.copyfile(shards[0], bad)
-    _merge_fails(
-        capsys, [str(bad), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(bad))}: file name (does not match <prefix>-NNNNN-of-MMMMM\.gguf"
+    _set_fails(
+        capsys, bad, out_dir, bad,
+        r"file name (does not match <prefix>-NNNNN-of-MMMMM\.gguf"
         r"|says shard 5 of 4)",
     )  # fmt: skip
 
@@ -102,9 +110,9 @@ def test_wrong_file_name_pattern(dirs, capsys, name):
 def test_shard_does_not_exist(dirs, capsys):
     in_dir, out_dir = dirs
     missing = in_dir / "x-00001-of-00002.gguf"
-    _merge_fails(
-        capsys, [str(missing), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(missing))}: no such file",
+    _set_fails(
+        capsys, missing, out_dir, missing,
+        r"no such file",
     )  # fmt: skip
 
 
@@ -135,9 +143,9 @@ def _keys_with(shard: int, change):
 def test_inconsistent_split_keys(dirs, capsys, shard, change, problem):
     in_dir, out_dir = dirs
     shards = _shards(in_dir, split_keys=_keys_with(shard, change))
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[shard]))}: {problem}",
+    _set_fails(
+        capsys, shards[0], out_dir, shards[shard],
+        rf"{problem}",
     )  # fmt: skip
 
 
@@ -148,9 +156,9 @@ def test_split_tensors_count_disagrees_with_the_tensors(dirs, capsys):
         return llama_split_keys(index, count, n_tensors + 1)
 
     shards = _shards(in_dir, split_keys=keys)
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[0]))}: split\.tensors\.count is 95 but the 4 shards hold "
+    _set_fails(
+        capsys, shards[0], out_dir, shards[0],
+        r"split\.tensors\.count is 95 but the 4 shards hold "
         r"94 tensors",
     )  # fmt: skip
 
@@ -180,9 +188,9 @@ def test_wrong_magic_version_or_counts(dirs, capsys, offset, data, problem):
     in_dir, out_dir = dirs
     shards = _shards(in_dir)
     _patch(shards[1], offset, data)
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[1]))}: {problem}",
+    _set_fails(
+        capsys, shards[0], out_dir, shards[1],
+        rf"{problem}",
     )  # fmt: skip
 
 
@@ -192,9 +200,9 @@ def test_truncated_last_shard(dirs, capsys):
     shards = _shards(in_dir)
     size = shards[-1].stat().st_size
     os.truncate(shards[-1], size - 1000)
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[-1]))}: truncated: tensor data ends at byte \d+ but the "
+    _set_fails(
+        capsys, shards[0], out_dir, shards[-1],
+        rf"truncated: tensor data ends at byte \d+ but the "
         rf"file has {size - 1000} bytes \(tensor 'output\.weight' is incomplete\)",
     )  # fmt: skip
 
@@ -212,9 +220,9 @@ def test_truncated_header(dirs, capsys, keep):
         else r"header truncated or corrupt: \w+ of '.*' needs \d+ bytes at offset \d+, "
         r"file has 1000"
     )
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[2]))}: {problem}",
+    _set_fails(
+        capsys, shards[0], out_dir, shards[2],
+        rf"{problem}",
     )  # fmt: skip
 
 
@@ -224,9 +232,9 @@ def test_duplicate_tensor_across_shards(dirs, capsys):
     # the last shard's last tensor takes the name of one in shard 2
     tensors[-1] = dataclasses.replace(tensors[-1], name=tensors[3].name)
     shards = write_split(in_dir, tensors, 4)
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[3]))}: duplicate tensor '{re.escape(tensors[3].name)}': "
+    _set_fails(
+        capsys, shards[0], out_dir, shards[3],
+        rf"duplicate tensor '{re.escape(tensors[3].name)}': "
         rf"also in shard 2 \({re.escape(str(shards[1]))}\)",
     )  # fmt: skip
 
@@ -241,24 +249,24 @@ def test_duplicate_tensor_across_shards(dirs, capsys):
 )
 def test_bad_alignment(dirs, capsys, value, vtype, problem):
     in_dir, out_dir = dirs
-    from gguf_fixtures import glm_dsa_metadata
+    from support.gguf_fixtures import glm_dsa_metadata
 
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", value, vtype)])
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[0]))}: {problem}",
+    _set_fails(
+        capsys, shards[0], out_dir, shards[0],
+        rf"{problem}",
     )  # fmt: skip
 
 
 def test_alignment_declared_only_in_shard_one(dirs, capsys):
     """gguf-py's splitter lays every shard out at 64 but declares it only in shard 1."""
     in_dir, out_dir = dirs
-    from gguf_fixtures import glm_dsa_metadata
+    from support.gguf_fixtures import glm_dsa_metadata
 
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", 64, U32)])
-    _merge_fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")], out_dir,
-        rf"error: {re.escape(str(shards[1]))}: no general\.alignment while shard 1 declares 64: "
+    _set_fails(
+        capsys, shards[0], out_dir, shards[1],
+        r"no general\.alignment while shard 1 declares 64: "
         r"this shard's data layout is ambiguous \(read at 32, as llama\.cpp does\)",
     )  # fmt: skip
 
@@ -284,7 +292,7 @@ def test_output_is_an_input_shard(dirs, capsys):
     before = shards[2].read_bytes()
     _merge_fails(
         capsys, ["--force", str(shards[0]), str(shards[2])], in_dir,
-        rf"error: {re.escape(str(shards[2]))}: is one of the input shards",
+        rf"error: {re.escape(str(shards[2]))}: is one of the input shards \(shard 3\)",
     )  # fmt: skip
     assert shards[2].read_bytes() == before
 
@@ -330,7 +338,8 @@ def test_unwritable_directory(dirs, capsys, tmp_path):
         out = ro / "m.gguf"
         _merge_fails(
             capsys, [str(shards[0]), str(out)], ro,
-            rf"error: {re.escape(str(out))}: cannot create m\.gguf\.tmp: {problem}",
+            rf"error: {re.escape(str(out))}: cannot create a temp file in {re.escape(str(ro))}: "
+            rf"{problem}",
         )  # fmt: skip
 
 
@@ -371,23 +380,24 @@ def test_disk_full_mid_write_rlimit_fsize(dirs):
 
     _subprocess_fails(
         [str(shards[0]), str(out)], out_dir,
-        rf"error: {re.escape(str(out))}: writing m\.gguf\.tmp failed: File too large; removed it",
+        rf"error: {re.escape(str(out))}: writing \.m\.gguf\.[0-9a-f]{{16}}\.tmp failed: File too "
+        r"large; removed it",
         preexec_fn=limit_file_size,
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT])
 def test_signal_mid_merge_removes_the_temp_file(dirs, signum):
-    """Killed while OUTPUT.tmp is half-written: it is removed and OUTPUT never appears.
+    """Signalled while the temp file is half-written: it is removed and OUTPUT never appears.
 
-    The merger writes its first plain progress line after shard 1's data; stderr is a pipe that
-    the test has filled, so that write blocks and the merge is caught, deterministically, in the
-    middle with OUTPUT.tmp on disk.
+    SIGHUP is what a dropped SSH session sends; SIGQUIT is Ctrl-\\. The merger writes its first
+    plain progress line after shard 1's data; stderr is a pipe that the test has filled, so that
+    write blocks and the merge is caught, deterministically, in the middle with the temp file on
+    disk.
     """
     in_dir, out_dir = dirs
     shards = _shards(in_dir)
     out = out_dir / "m.gguf"
-    tmp = out_dir / "m.gguf.tmp"
     r, w = os.pipe()
     filler = _fill(w)
     proc = subprocess.Popen(
@@ -396,7 +406,7 @@ def test_signal_mid_merge_removes_the_temp_file(dirs, signum):
     )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
-        while not tmp.exists():
+        while not any(safe_files.is_temp_of(p, out) for p in out_dir.iterdir()):
             assert proc.poll() is None, "the merger ended before it was interrupted"
             assert time.monotonic() < deadline
             time.sleep(0.01)

@@ -8,7 +8,6 @@ loads nothing heavy: no torch, triton or vllm (a test checks ``sys.modules``).
 from __future__ import annotations
 
 import logging
-import os
 
 __all__ = ["register"]
 
@@ -18,11 +17,6 @@ logger = logging.getLogger(__name__)
 # checks they agree). Any other version: log both, register nothing.
 _VLLM_VERSION = "0.23.0"
 _BACKEND_PATH = "vllm_sparse_mla.backend.SparseTritonMLABackend"
-# Test-only switch for the DSA indexer path (documented in the README, "Backend plugin"):
-#   auto (default) - our Triton MQA-logits kernels only where DeepGEMM has none (CC 12.x);
-#   triton         - our kernels on every GPU (lets the H200 proof exercise the SM120 path);
-#   deepgemm       - never hand vLLM our kernels.
-_INDEXER_ENV = "SPARSE_MLA_INDEXER"
 _registered = False
 
 
@@ -30,8 +24,10 @@ def register() -> bool:
     """Register the backend as ``AttentionBackendEnum.CUSTOM``; idempotent.
 
     Also hands the indexer's MQA-logits kernels to vLLM's ``register_mqa_logits_impl`` hook when
-    the patched vLLM has it (patch 0010). Returns True when the backend is registered, False on a
-    vLLM version mismatch (logged with both versions) or a bad ``SPARSE_MLA_INDEXER`` value.
+    the patched vLLM has it (patch 0010), in the ``auto`` mode; the explicit choice
+    (``--additional-config '{"sparse_mla_indexer": ...}'``) is applied when the backend's layers
+    are built, see :mod:`vllm_sparse_mla.indexer_hook`. Returns True when the backend is
+    registered, False on a vLLM version mismatch (logged with both versions).
     """
     global _registered
     if _registered:
@@ -51,36 +47,18 @@ def register() -> bool:
         )
         return False
 
-    mode = os.environ.get(_INDEXER_ENV, "auto")
-    if mode not in ("auto", "triton", "deepgemm"):
-        logger.error(
-            "%s=%r is not one of auto, triton, deepgemm; backend CUSTOM not registered",
-            _INDEXER_ENV,
-            mode,
-        )
-        return False
-
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
     register_backend(AttentionBackendEnum.CUSTOM, _BACKEND_PATH)
 
-    if mode != "deepgemm":
-        from vllm.utils import deep_gemm
+    from vllm_sparse_mla import indexer_hook
 
-        hook = getattr(deep_gemm, "register_mqa_logits_impl", None)
-        if hook is None:
-            logger.warning(
-                "vLLM lacks register_mqa_logits_impl (patch 0010 not applied): the DSA indexer "
-                "stays on DeepGEMM, which has no kernels for compute capability 12.x"
-            )
-        else:
-            from vllm_sparse_mla import _indexer
-
-            hook(_indexer.mqa_logits, _indexer.paged_mqa_logits, force=mode == "triton")
+    indexer_hook.apply(indexer_hook.DEFAULT)
     _registered = True
     logger.info(
-        "vllm_sparse_mla: registered %s as attention backend CUSTOM (indexer: %s)",
+        "vllm_sparse_mla: registered %s as attention backend CUSTOM (indexer: %s until the "
+        "config says otherwise)",
         _BACKEND_PATH,
-        mode,
+        indexer_hook.DEFAULT,
     )
     return True

@@ -28,6 +28,7 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
     triton_convert_req_index_to_global_index,
 )
 
+from vllm_sparse_mla import indexer_hook
 from vllm_sparse_mla.kernels._dims import D_LATENT, D_QK
 from vllm_sparse_mla.metadata import SparseTritonMLAMetadata, SparseTritonMLAMetadataBuilder
 
@@ -167,6 +168,10 @@ class SparseTritonMLAImpl(SparseMLAAttentionImpl[SparseTritonMLAMetadata]):
         self.topk_indices_buffer: torch.Tensor = indexer.topk_indices_buffer
         self.workspace: SparseMLAWorkspace | None = None
         vllm_config = get_current_vllm_config()
+        # The explicit indexer choice (--additional-config sparse_mla_indexer): validated here,
+        # where a bad value fails the model build that asked for it.
+        self.indexer = indexer_hook.indexer_choice(vllm_config.additional_config)
+        indexer_hook.apply(self.indexer)
         if torch.cuda.is_available() and vllm_config.model_config is not None:
             # Allocated while the model is built, so vLLM's memory profile counts it before
             # sizing the KV cache; never inside a CUDA-graph capture.

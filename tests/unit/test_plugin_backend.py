@@ -1,0 +1,142 @@
+"""register() against vLLM's real registry, and the backend's own validation verdicts."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+pytestmark = pytest.mark.runtime
+torch = pytest.importorskip("torch")  # collected by the controller venv too, which has none
+
+OURS = "vllm_sparse_mla.backend.SparseTritonMLABackend"
+GLM5 = {
+    "head_size": 576,
+    "dtype": torch.float16,
+    "kv_cache_dtype": "auto",
+    "block_size": 64,
+    "use_mla": True,
+    "has_sink": False,
+    "use_sparse": True,
+    "use_mm_prefix": False,
+    "use_per_head_quant_scales": False,
+    "attn_type": "decoder",
+}
+
+
+@pytest.fixture
+def plugin(monkeypatch: pytest.MonkeyPatch):
+    """The plugin module with its once-per-process flag reset (restored afterwards)."""
+    import vllm_sparse_mla
+
+    monkeypatch.setattr(vllm_sparse_mla, "_registered", False)
+    return vllm_sparse_mla
+
+
+def _verdict(capability: tuple[int, int] = (12, 0), **changes) -> list[str]:
+    from vllm.platforms.interface import DeviceCapability
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    cls = AttentionBackendEnum.CUSTOM.get_class()
+    return cls.validate_configuration(
+        device_capability=DeviceCapability(*capability), **{**GLM5, **changes}
+    )
+
+
+def test_register_makes_custom_our_backend_and_is_idempotent(plugin) -> None:
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    assert plugin.register() is True
+    assert AttentionBackendEnum.CUSTOM.get_path() == OURS
+    assert plugin.register() is True
+    cls = AttentionBackendEnum.CUSTOM.get_class()
+    assert (cls.get_name(), cls.is_mla(), cls.is_sparse()) == ("SPARSE_TRITON_MLA", True, True)
+    assert cls.get_kv_cache_shape(10, 64, 1, 576) == (10, 64, 576)
+
+
+def test_register_refuses_another_vllm_version_and_logs_both(plugin, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(plugin, "_VLLM_VERSION", "0.22.0")
+    with caplog.at_level(logging.ERROR, logger="vllm_sparse_mla"):
+        assert plugin.register() is False
+    assert "needs vllm==0.22.0 but found vllm 0.23.0" in caplog.text
+    assert plugin._registered is False
+
+
+def test_building_the_backend_refuses_an_unknown_indexer_choice(plugin) -> None:
+    from support.plugin import build_impl
+
+    assert plugin.register() is True
+    with pytest.raises(ValueError) as err:
+        build_impl({"sparse_mla_indexer": "cuda"})
+    assert str(err.value) == (
+        "additional_config sparse_mla_indexer='cuda' is not one of auto, triton, deepgemm"
+    )
+
+
+@pytest.mark.parametrize(
+    ("additional_config", "choice"),
+    [({}, "auto"), ({"sparse_mla_indexer": "deepgemm"}, "deepgemm"), ({"other": 1}, "auto")],
+)
+def test_building_the_backend_reads_the_indexer_choice(plugin, additional_config, choice) -> None:
+    from support.plugin import build_impl
+
+    plugin.register()
+    assert build_impl(additional_config).indexer == choice
+
+
+def test_indexer_choice_validates_every_value() -> None:
+    from vllm_sparse_mla import indexer_hook
+
+    assert indexer_hook.CHOICES == ("auto", "triton", "deepgemm")
+    for choice in indexer_hook.CHOICES:
+        assert indexer_hook.indexer_choice({"sparse_mla_indexer": choice}) == choice
+    assert indexer_hook.indexer_choice({}) == "auto"
+    assert indexer_hook.indexer_choice(object()) == "auto"  # another plugin's config object
+    for bad in ("Triton", "", None, 1, ["auto"]):
+        with pytest.raises(ValueError, match="is not one of auto, triton, deepgemm"):
+            indexer_hook.indexer_choice({"sparse_mla_indexer": bad})
+
+
+@pytest.mark.parametrize(
+    ("capability", "changes"),
+    [
+        ((12, 0), {}),
+        ((12, 0), {"dtype": torch.bfloat16}),
+        ((12, 1), {"block_size": None}),
+        ((12, 0), {"kv_cache_dtype": "float16"}),
+        ((9, 0), {"dtype": torch.bfloat16}),  # the H200 test machine
+        ((10, 0), {}),
+    ],
+)
+def test_accepts_glm5_configurations(plugin, capability, changes) -> None:
+    plugin.register()
+    assert _verdict(capability, **changes) == []
+
+
+@pytest.mark.parametrize(
+    ("capability", "changes", "reasons"),
+    [
+        ((12, 0), {"dtype": torch.float32}, ["dtype not supported"]),
+        ((12, 0), {"head_size": 128}, ["head_size not supported"]),
+        ((12, 0), {"block_size": 16}, ["block_size not supported"]),
+        ((12, 0), {"kv_cache_dtype": "fp8"}, ["kv_cache_dtype not supported"]),
+        ((12, 0), {"use_sparse": False}, ["non-sparse not supported"]),
+        ((12, 0), {"use_mla": False}, ["non-MLA not supported"]),
+        ((8, 9), {}, ["compute capability not supported"]),
+        ((11, 0), {}, ["compute capability not supported"]),
+        ((12, 0), {"has_sink": True}, ["attention sinks not supported"]),
+        (
+            (12, 0),
+            {"kv_cache_dtype": "bfloat16"},
+            ["kv_cache_dtype bfloat16 differs from the model dtype torch.float16"],
+        ),
+        (
+            (8, 0),
+            {"dtype": torch.float32, "block_size": 32},
+            ["dtype not supported", "block_size not supported", "compute capability not supported"],
+        ),
+    ],
+)
+def test_refuses_other_configurations_with_reasons(plugin, capability, changes, reasons) -> None:
+    plugin.register()
+    assert _verdict(capability, **changes) == reasons
