@@ -223,6 +223,8 @@ class _BoundedStream(httpx2.SyncByteStream):
                         request=self.request,
                     )
                 yield chunk
+            if self.deadline.expired:  # the shutdown ended a read-to-close body early
+                raise self.deadline.error(self.request)
         except httpx2.TransportError as exc:
             if self.deadline.expired and not isinstance(exc, DeadlineExceeded | BoundError):
                 raise self.deadline.error(self.request) from exc
