@@ -569,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer shapes (default: %(default)s)")
     p.add_argument("--sweep", action="store_true", help="also time config variants")
     p.add_argument("--no-naive", action="store_true", help="skip the naive torch reference")
+    p.add_argument("--no-attention", action="store_true", help="skip attention benchmarks")
     p.add_argument("--no-indexer", action="store_true", help="skip indexer benchmarks")
     p.add_argument("--no-layer", action="store_true", help="skip the decode-layer benchmark")
     p.add_argument("--no-vllm", action="store_true", help="do not import vLLM's kernels")
@@ -627,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ceilings (start): copy {copy_tbs:.3f} TB/s, fp16 matmul {mm:.1f} TFLOP/s", flush=True)
     rows: list[dict] = []
     t0 = time.monotonic()
-    bench_attention(torch, args, copy_tbs, mm, vllm_ops, rows)
+    if not args.no_attention:
+        bench_attention(torch, args, copy_tbs, mm, vllm_ops, rows)
     t1 = time.monotonic()
     if not args.no_indexer:
         bench_indexer(torch, args, copy_tbs, vllm_ops, rows)
