@@ -227,7 +227,12 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 partial(sparse_mla_attention, q, pool, i, SCALE, out=o, workspace=ws)
                 for q, i, o in sets
             ]
-            us = graph_time_us(torch, calls)
+            try:
+                us = graph_time_us(torch, calls)
+            except Exception as exc:  # one broken shape must not cost the rest of the run
+                MISSING[f"ours H={h} {label} {t}"] = repr(exc)[:300]
+                del sets
+                continue
             desc = (f"S={p.splits} BH={p.cfg.block_h} BN={p.cfg.block_n} w={p.cfg.num_warps} "
                     f"ns={p.cfg.num_stages}")  # fmt: skip
             _emit(rows_out, _row("ours", us=us, plan=desc, **common))
@@ -377,9 +382,13 @@ def bench_indexer(torch, args, copy_tbs, vllm_ops, rows_out):
             for impl in ("triton", "torch"):
                 kcalls = [partial(topk_indices, s[5], TOPK, None, s[3], out=o, impl=impl)
                           for s, o in zip(sets, outs, strict=True)]  # fmt: skip
-                kus = graph_time_us(torch, kcalls)
-                ok = topk_agree(torch, outs[0], sets[0][5], sets[0][3])
                 name = "ours topk (Triton radix)" if impl == "triton" else "topk (torch.topk)"
+                try:
+                    kus = graph_time_us(torch, kcalls)
+                except Exception as exc:
+                    MISSING[f"{name} B={b} ctx={ctx_len}"] = repr(exc)[:300]
+                    continue
+                ok = topk_agree(torch, outs[0], sets[0][5], sets[0][3])
                 _emit(rows_out, dict(base, impl=name, op="topk", us=kus, agrees=ok))
             if "persistent_topk" in vllm_ops:
                 op = vllm_ops["persistent_topk"]
@@ -458,40 +467,60 @@ def bench_layer(torch, args, vllm_ops, rows_out):
                              torch.empty(1 << 20, dtype=torch.uint8, device="cuda")))  # fmt: skip
             base = (torch.arange(b, device="cuda", dtype=torch.int32) * ctx_len)[:, None]
 
-            def layer(s, vllm_topk=None, kv=kv, ws=ws, base=base, ctx_len=ctx_len):
+            def layer(s, topk="triton", kv=kv, ws=ws, base=base, ctx_len=ctx_len, b=b):
                 iq, cache, w, ctx, bt, logits, q, top, o, wk = s
                 paged_mqa_logits((iq, None), cache, w, ctx, bt, None, ctx_len, False, out=logits)
-                if vllm_topk is None:
-                    topk_indices(logits, TOPK, None, ctx, out=top, impl="triton")
-                else:
-                    vllm_topk(logits, ctx, top, wk, TOPK, ctx_len)
+                if topk in ("triton", "torch"):
+                    topk_indices(logits, TOPK, None, ctx, out=top, impl=topk)
+                elif topk == "persistent_topk":
+                    vllm_ops[topk](logits, ctx, top, wk, TOPK, ctx_len)
+                else:  # top_k_per_row_decode
+                    vllm_ops[topk](logits, 1, ctx, top, b, logits.stride(0), logits.stride(1),
+                                   TOPK)  # fmt: skip
                 # request-local positions -> global slots (vLLM does this in its own kernel)
                 gidx = torch.where(top >= 0, top + base, -1)
                 sparse_mla_attention(q, kv, gidx, SCALE, out=o, workspace=ws)
 
-            us = graph_time_us(torch, [partial(layer, s) for s in sets])
             kind = f"H8 B={b} ctx={ctx_len}"
-            _emit(rows_out, {"impl": "ours layer (logits+topk+attn)", "op": "layer", "kind": kind,
-                             "us": us})  # fmt: skip
-            if "persistent_topk" in vllm_ops:
+            variants = [("triton", "ours layer (logits+Triton topk+attn)"),
+                        ("torch", "layer, torch.topk")]  # fmt: skip
+            variants += [(k, f"layer, vLLM {k}") for k in ("persistent_topk", "topk_decode")
+                         if k in vllm_ops]  # fmt: skip
+            for topk, name in variants:
                 try:
-                    vus = graph_time_us(
-                        torch, [partial(layer, s, vllm_ops["persistent_topk"]) for s in sets]
-                    )
-                    _emit(rows_out, {"impl": "layer, vLLM persistent_topk", "op": "layer",
-                                     "kind": kind, "us": vus})  # fmt: skip
+                    us = graph_time_us(torch, [partial(layer, s, topk) for s in sets])
                 except Exception as exc:
-                    MISSING[f"layer vLLM topk {kind}"] = repr(exc)[:160]
+                    MISSING[f"{name} {kind}"] = repr(exc)[:300]
+                    continue
+                _emit(rows_out, {"impl": name, "op": "layer", "kind": kind, "us": us})
             del sets, kv, ws
 
 
 def profile_calls(torch, spec: str) -> None:
-    """--profile: a few eager calls per shape, for ncu (no graphs, no timing)."""
-    from vllm_sparse_mla.kernels import make_workspace, sparse_mla_attention
+    """--profile: a few eager calls per shape, for ncu (no graphs, no timing). Items are
+    H:decode:T / H:prefill:T (attention), topk:B:CTX (Triton radix top-k on paged logits) and
+    logits:B:CTX (paged indexer logits)."""
+    from vllm_sparse_mla.kernels import (
+        make_workspace,
+        paged_mqa_logits,
+        sparse_mla_attention,
+        topk_indices,
+    )
 
     pool = torch.randn(2_097_152 // 64, 64, 576, device="cuda", dtype=torch.float16)
     for item in spec.split(","):
         h, kind, t = item.split(":")
+        if h in ("topk", "logits"):
+            b, ctx_len = int(kind), int(t)
+            iq, cache, w, ctx, bt, logits = make_paged_cache(torch, b, ctx_len)
+            top = torch.empty(b, TOPK, dtype=torch.int32, device="cuda")
+            for _ in range(3):
+                paged_mqa_logits((iq, None), cache, w, ctx, bt, None, ctx_len, True, out=logits)
+                if h == "topk":
+                    topk_indices(logits, TOPK, None, ctx, out=top, impl="triton")
+            torch.cuda.synchronize()
+            print(f"profiled {item}", flush=True)
+            continue
         h, t = int(h), int(t)
         (q, idx, o), *_ = attn_sets(torch, kind, t, h, 2_097_152, 0)
         ws = make_workspace(max(t, 1), h, TOPK, "cuda", torch.float16)
@@ -540,6 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="fewer shapes (default: %(default)s)")
     p.add_argument("--sweep", action="store_true", help="also time config variants")
     p.add_argument("--no-naive", action="store_true", help="skip the naive torch reference")
+    p.add_argument("--no-attention", action="store_true", help="skip attention benchmarks")
     p.add_argument("--no-indexer", action="store_true", help="skip indexer benchmarks")
     p.add_argument("--no-layer", action="store_true", help="skip the decode-layer benchmark")
     p.add_argument("--no-vllm", action="store_true", help="do not import vLLM's kernels")
@@ -561,7 +591,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--profile",
         metavar="H:KIND:T,...",
-        help="only run these shapes eagerly 3x for ncu, e.g. 8:decode:128,8:prefill:1024",
+        help="only run these shapes eagerly 3x for ncu, e.g. 8:decode:128,8:prefill:1024,"
+        "topk:64:32768,logits:64:32768",
     )
     args = p.parse_args(argv)
     args.deadline = time.monotonic() + args.budget_s
@@ -597,7 +628,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"ceilings (start): copy {copy_tbs:.3f} TB/s, fp16 matmul {mm:.1f} TFLOP/s", flush=True)
     rows: list[dict] = []
     t0 = time.monotonic()
-    bench_attention(torch, args, copy_tbs, mm, vllm_ops, rows)
+    if not args.no_attention:
+        bench_attention(torch, args, copy_tbs, mm, vllm_ops, rows)
     t1 = time.monotonic()
     if not args.no_indexer:
         bench_indexer(torch, args, copy_tbs, vllm_ops, rows)
