@@ -294,6 +294,7 @@ def bench_triton_mla(torch, fn, pool, b, h, num_sms):
     splits = min(max(1, triton_next_pow2(2048 // 512)), 2 * num_sms)
     n_sets = max(2, min(128, -(-4 * 60 * 2**20 // (b * 2048 * ROW_BYTES))))
     calls = []
+    one = torch.ones((), dtype=torch.float32, device="cuda")
     for _ in range(n_sets):
         q = torch.randn(b, h, 576, device="cuda", dtype=torch.float16)
         o = torch.empty(b, h, 512, device="cuda", dtype=torch.float16)
@@ -301,8 +302,9 @@ def bench_triton_mla(torch, fn, pool, b, h, num_sms):
         bt = torch.randint(0, nb, (b, 32), device="cuda", dtype=torch.int32)
         sl = torch.full((b,), 2048, device="cuda", dtype=torch.int32)
         logits = torch.empty(b, h, splits, 513, device="cuda", dtype=torch.float32)
+        # scales as device tensors: vLLM's default builds them from CPU, which graph capture refuses
         calls.append(partial(fn, q, kv4, kv4[..., :512], o, lse, bt, sl, logits, splits, SCALE,
-                             64, 0.0, None, None, True))  # fmt: skip
+                             64, 0.0, one, one, True))  # fmt: skip
     return graph_time_us(torch, calls)
 
 
@@ -318,12 +320,13 @@ def sweep_plans(p, kind, h, t):
     key = (kind, t)
     if key not in (("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)):
         return []
+    c = AttnConfig
     if h <= 16:
-        cfgs = [AttnConfig(16, 32, 8, 3), AttnConfig(16, 64, 8, 3, 1), AttnConfig(16, 64, 4, 3, 1),
-                AttnConfig(16, 32, 4, 3)]  # fmt: skip
-    else:
-        cfgs = [AttnConfig(32, 16, 8, 4), AttnConfig(32, 64, 8, 3, 1), AttnConfig(64, 32, 8, 3, 1),
-                AttnConfig(64, 64, 8, 2, 1)]  # fmt: skip
+        cfgs = [c(16, 32, 8, 3), c(16, 64, 8, 3, 1), c(16, 64, 4, 3, 1), c(16, 32, 4, 3),
+                c(16, 32, 4, 4), c(16, 64, 4, 2, 1)]  # fmt: skip
+    else:  # the H200 tiles, then what fits sm_120's 101376 B (BH32 BN16, 4 x BH16 BN32)
+        cfgs = [c(64, 64, 8, 2, 1), c(64, 64, 4, 2, 1), c(64, 32, 8, 3, 1), c(32, 16, 8, 4),
+                c(32, 16, 4, 4), c(16, 32, 4, 3), c(32, 32, 4, 2)]  # fmt: skip
     out = [Plan(c, -(-h // c.block_h), p.splits) for c in cfgs if c != p.cfg]
     for s in (p.splits // 2, p.splits * 2):
         if 1 <= s <= 64 and s != p.splits:

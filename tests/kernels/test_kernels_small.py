@@ -86,3 +86,14 @@ def test_check_close_can_fail():
         with pytest.raises(AssertionError):
             check_close(bad, ref)
     check_close(ref.clone(), ref)
+
+
+def test_topk_auto_rule():
+    """auto = the Triton radix top-k up to TOPK_TRITON_MAX_N keys (fp32), torch.topk above."""
+    import torch
+    from vllm_sparse_mla.kernels.indexer import TOPK_TRITON_MAX_N, topk_impl
+
+    assert topk_impl(4096) == "triton"
+    assert topk_impl(TOPK_TRITON_MAX_N) == "triton"
+    assert topk_impl(TOPK_TRITON_MAX_N + 1) == "torch"
+    assert topk_impl(4096, torch.float16) == "torch"

@@ -36,16 +36,23 @@ class AttnConfig:
         return max(1, min(self.max_ctas_per_sm, fit))
 
 
-# Measured on the H200 (benchmarks/RESULTS.md, 2026-12-03 runs 4-5). BLOCK_N 64 makes triton 3.6
-# emit wgmma on sm_90 and halves the per-row re-reads of q from shared memory (the MIO stall ncu
-# reports for BLOCK_N 32), but its 2-deep ring needs ~168 KB: H200 only. sm_120 (101376 B) gets
-# the 32-row ring (93 KB, mma.sync).
-_H16 = AttnConfig(block_h=16, block_n=32, num_warps=8, num_stages=3)
-_H16_WIDE = AttnConfig(block_h=16, block_n=64, num_warps=8, num_stages=3, max_ctas_per_sm=1)
+# Measured on the H200 (benchmarks/RESULTS.md, 2026-12-04 run 6, same-run sweep). 4 warps beat 8
+# at every BLOCK_H 16 shape timed (H8 decode 32: 32.1 vs 40.5 us, decode 128 93.8 vs 102.4,
+# prefill 4096 2530 vs 2776): fewer warps re-read q from shared memory per row tile, the MIO bound
+# ncu showed. BLOCK_N 64 (wgmma on sm_90, half the q re-reads per row) needs a ~168 KB ring: it is
+# listed first for "prefill" and is taken only where the measured max_shared_mem holds it
+# (H200: 232448 B); sm_120 (101376 B) gets the 32-row ring (93 KB).
+_H16 = AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
+_H16_WIDE = AttnConfig(block_h=16, block_n=64, num_warps=4, num_stages=3, max_ctas_per_sm=1)
 _H16_SMALL = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=3)
 _H32 = AttnConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
 _H32_WIDE = AttnConfig(block_h=32, block_n=64, num_warps=8, num_stages=3, max_ctas_per_sm=1)
 _H32_SMALL = AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=4)
+# 64 heads: one 64-head, 64-row tile (one shared buffer, ~150 KB) measured fastest on the H200 at
+# every shape (decode 32 58.3 vs 68.9 us for the 32-row 3-stage tile, decode 128 188 vs 235,
+# prefill 4096 4966 vs 6532): the wgmma tile halves the q re-reads, which costs more than the
+# missing prefetch ring.
+_H64_WIDE = AttnConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, max_ctas_per_sm=1)
 _H64 = AttnConfig(block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_per_sm=1)
 
 # (capability major or None = any, head bucket, strategy) -> candidates, best first. "decode"
@@ -56,10 +63,10 @@ ATTN_CONFIGS: dict[tuple[int | None, int, str], tuple[AttnConfig, ...]] = {
     (None, 16, "prefill"): (_H16_WIDE, _H16, _H16_SMALL),
     (None, 32, "decode"): (_H32, _H32_SMALL),
     (None, 32, "prefill"): (_H32_WIDE, _H32_SMALL),
-    # 64 heads: one 64-head tile reads each row once where it fits (H200: 228 KB per SM); on
-    # sm_120 two 32-head blocks, the second reading its rows mostly from L2.
-    (None, 64, "decode"): (_H64, _H32_SMALL),
-    (None, 64, "prefill"): (_H64, _H32_SMALL),
+    # 64 heads: one 64-head tile reads each row once where it fits (H200: 232448 B); on sm_120
+    # two 32-head blocks, the second reading its rows mostly from L2.
+    (None, 64, "decode"): (_H64_WIDE, _H64, _H32_SMALL),
+    (None, 64, "prefill"): (_H64_WIDE, _H64, _H32_SMALL),
 }
 
 # Fallback when nothing listed fits (a device with very little shared memory).

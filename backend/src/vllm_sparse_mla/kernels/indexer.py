@@ -462,6 +462,15 @@ def _topk_radix_kernel(
 
 
 TOPK_BLOCK = 4096  # logits per step of the radix top-k
+# One program per row walks the row 5 times, so its time grows with N and not with the batch
+# (H200 run 6: 18 us at N 4096 for any batch, 125 us at 32768, 510 us at 131072; torch.topk 53-60,
+# 72-115, 82-235 us): ours up to 8192 keys, torch.topk above.
+TOPK_TRITON_MAX_N = 8192
+
+
+def topk_impl(n: int, dtype: torch.dtype = torch.float32) -> str:
+    """The ``impl`` that ``topk_indices(impl="auto")`` uses for rows of ``n`` keys."""
+    return "triton" if dtype == torch.float32 and n <= TOPK_TRITON_MAX_N else "torch"
 
 
 def topk_indices(
@@ -480,8 +489,8 @@ def topk_indices(
     largest finite logits, -1 where the row has fewer than topk valid keys (-inf never counts).
     For paged decode pass row_ends = each row's key limit. No host sync (CUDA-graph safe).
     impl: "triton" (radix select, ``_topk_radix_kernel``; positions unordered), "torch"
-    (torch.topk; descending order), "auto" = torch (the Triton kernel passed the interpreter and
-    the sm_120 compile but has not yet been timed or run on a GPU).
+    (torch.topk; descending order), "auto" = ``topk_impl(N)``: the Triton kernel on rows of at
+    most TOPK_TRITON_MAX_N keys, torch.topk above (H200, benchmarks/RESULTS.md run 6).
     """
     if logits.dim() != 2:
         raise ValueError(f"logits must be [M, N], got {tuple(logits.shape)}")
@@ -498,7 +507,9 @@ def topk_indices(
         if t is not None and (t.dtype != torch.int32 or t.numel() != m):
             raise ValueError(f"{name} must be int32 with {m} entries")
     if impl == "auto":
-        impl = "torch"
+        # CPU tensors (no interpreter on the serving path) and strided rows stay on torch
+        fits = logits.device.type == "cuda" and logits.stride(1) == 1
+        impl = topk_impl(n, logits.dtype) if fits else "torch"
     if impl == "triton":
         if logits.dtype != torch.float32 or logits.stride(1) != 1:
             raise TypeError("the Triton top-k needs float32 logits with a contiguous last dim")
