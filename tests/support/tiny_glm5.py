@@ -12,7 +12,10 @@ special tokens (llama.cpp's GLM vocab writer looks them up).
 Options cover every user: the patch proof (defaults), the GPU e2e serve run (`--serve`: no MTP
 layer, no BOS token, and a wide lm_head whose special-token rows are zero, so sampled replies
 never end at once), and the plugin proof's config-only models (`--config-only`, `--index-topk`,
-`--arch deepseek_v3` for the dense reference: vLLM draws the weights there).
+`--arch deepseek_v3` for the dense reference: vLLM draws the weights there), and the GLM
+generations (`--generation 5.2`: GLM-5.2's IndexShare, whose "shared" indexer layers carry no
+indexer weights and reuse the top-k of the last "full" one; 5.1's config.json has GLM-5's keys,
+so `5.1` writes what `5` writes). Without options the output is what it always was.
 
 Needs torch, safetensors and tokenizers (the runtime env has them; --config-only needs only
 tokenizers). Exit: 0 ok, 1 the output folder is not empty (use --force), 2 usage.
@@ -31,6 +34,7 @@ EXAMPLES = """examples:
   PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/tiny-glm5 --seed 1 --mtp-layers 0 --force
   PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/e2e/ckpt --serve
   PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/m/dense --config-only --arch deepseek_v3
+  PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/tiny-glm52 --generation 5.2 --layers 7
 """
 
 SPECIAL_TOKENS = [
@@ -55,6 +59,9 @@ CORPUS = [
 
 
 ARCHS = ("glm_moe_dsa", "deepseek_v3")
+# GLM generation -> IndexShare (index_topk_freq, index_skip_topk_offset); None: every layer full.
+# GLM-5.2's config.json: freq 4, offset 3 (21 full / 57 shared of 78 layers).
+GENERATIONS: dict[str, tuple[int, int] | None] = {"5": None, "5.1": None, "5.2": (4, 3)}
 # Keys only the DSA (sparse attention) architecture has; a dense DeepSeek-V3 config drops them.
 _DSA_KEYS = ("mlp_layer_types", "index_topk", "index_head_dim", "index_n_heads",
              "indexer_rope_interleave")  # fmt: skip
@@ -67,6 +74,7 @@ def config(
     index_topk: int = 128,
     arch: str = "glm_moe_dsa",
     bos: bool = True,
+    generation: str = "5",
 ) -> dict:
     """The config.json of the tiny model (GLM-5 attention geometry, small everything else).
 
@@ -75,13 +83,35 @@ def config(
     """
     if arch not in ARCHS:
         raise ValueError(f"arch {arch!r}: choose one of {', '.join(ARCHS)}")
+    if generation not in GENERATIONS:
+        raise ValueError(f"generation {generation!r}: choose one of {', '.join(GENERATIONS)}")
     cfg = _glm5_config(num_layers, mtp_layers) | {"index_topk": index_topk}
+    if (share := GENERATIONS[generation]) is not None:
+        freq, offset = share
+        # GLM-5.2's config.json carries both the rule and the list it expands to.
+        cfg |= {
+            "index_topk_freq": freq,
+            "index_skip_topk_offset": offset,
+            "index_topk_pattern": None,
+            "indexer_types": index_share_types(num_layers, freq, offset),
+        }
     if not bos:
         cfg["bos_token_id"] = None
     if arch == "deepseek_v3":
         cfg = {k: v for k, v in cfg.items() if k not in _DSA_KEYS}
         cfg |= {"architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3"}
     return cfg
+
+
+def index_share_types(num_layers: int, freq: int, offset: int) -> list[str]:
+    """Per-layer "full"/"shared" of IndexShare: vLLM 0.23.0's IndexCache rule (deepseek_v2.py
+    `_skip_topk`), which yields llama.cpp's GLM_5_2_DEFAULT_INDEXER_TYPES for freq 4, offset 3."""
+    return ["shared" if max(i - offset + 1, 0) % freq else "full" for i in range(num_layers)]
+
+
+def shared_indexer_layers(cfg: dict) -> list[int]:
+    """Trunk layers without indexer weights (GLM-5.2 "shared"); [] for GLM-5 / 5.1."""
+    return [i for i, t in enumerate(cfg.get("indexer_types") or []) if t == "shared"]
 
 
 def _glm5_config(num_layers: int, mtp_layers: int) -> dict:
@@ -146,6 +176,7 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         "lm_head.weight": (v, h),
     }
     n_main = cfg["num_hidden_layers"]
+    shared = set(shared_indexer_layers(cfg))
     for i in range(n_main + cfg["num_nextn_predict_layers"]):
         p = f"model.layers.{i}."
         shapes |= {
@@ -158,12 +189,15 @@ def tensor_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
             p + "self_attn.kv_a_layernorm.weight": (kvl,),
             p + "self_attn.kv_b_proj.weight": (nh * (nope + vd), kvl),
             p + "self_attn.o_proj.weight": (h, nh * vd),
-            p + "self_attn.indexer.wq_b.weight": (ih * idim, ql),
-            p + "self_attn.indexer.wk.weight": (idim, h),
-            p + "self_attn.indexer.k_norm.weight": (idim,),
-            p + "self_attn.indexer.k_norm.bias": (idim,),
-            p + "self_attn.indexer.weights_proj.weight": (ih, h),
         }
+        if i not in shared:
+            shapes |= {
+                p + "self_attn.indexer.wq_b.weight": (ih * idim, ql),
+                p + "self_attn.indexer.wk.weight": (idim, h),
+                p + "self_attn.indexer.k_norm.weight": (idim,),
+                p + "self_attn.indexer.k_norm.bias": (idim,),
+                p + "self_attn.indexer.weights_proj.weight": (ih, h),
+            }
         if i < cfg["first_k_dense_replace"]:
             shapes |= {
                 p + "mlp.gate_proj.weight": (inter, h),
@@ -273,6 +307,7 @@ def write_checkpoint(
     mtp_layers: int = 1,
     serve: bool = False,
     index_topk: int = 128,
+    generation: str = "5",
 ) -> Path:
     """Write config.json, model.safetensors, tokenizer files and generation_config.json.
 
@@ -282,7 +317,9 @@ def write_checkpoint(
 
     if serve:
         mtp_layers = 0
-    cfg = config(num_layers, mtp_layers, index_topk=index_topk, bos=not serve)
+    cfg = config(
+        num_layers, mtp_layers, index_topk=index_topk, bos=not serve, generation=generation
+    )
     write_model_dir(out, cfg)
     weights = random_weights(cfg, seed, serve_head=serve)
     save_file(weights, str(out / "model.safetensors"), {"format": "pt"})
@@ -310,6 +347,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--arch", choices=ARCHS, default=ARCHS[0], help="default: %(default)s")
     p.add_argument(
+        "--generation",
+        choices=tuple(GENERATIONS),
+        default="5",
+        help="GLM generation; 5.2 adds IndexShare (default: %(default)s)",
+    )
+    p.add_argument(
         "--config-only", action="store_true", help="config + tokenizer, no weights (no torch)"
     )
     p.add_argument("--force", action="store_true", help="write into a non-empty folder")
@@ -318,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--layers must be at least 2 (one dense layer, then MoE layers)")
     if args.index_topk < 1 or args.index_topk % 128:
         p.error("--index-topk must be a positive multiple of 128 (vLLM's index conversion)")
+    if args.generation != "5" and args.arch != "glm_moe_dsa":
+        p.error("--generation needs --arch glm_moe_dsa (the indexer is DSA's)")
     if args.arch != "glm_moe_dsa" and not args.config_only:
         p.error("--arch deepseek_v3 needs --config-only (the weights are GLM-5's)")
     if args.out.exists() and any(args.out.iterdir()) and not args.force:
@@ -325,7 +370,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     if args.config_only:
         mtp = 0 if args.serve else args.mtp_layers
-        cfg = config(args.layers, mtp, index_topk=args.index_topk, arch=args.arch)
+        cfg = config(
+            args.layers, mtp, index_topk=args.index_topk, arch=args.arch,
+            generation=args.generation,
+        )  # fmt: skip
         write_model_dir(args.out, cfg)
     else:
         write_checkpoint(
@@ -335,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
             mtp_layers=args.mtp_layers,
             serve=args.serve,
             index_topk=args.index_topk,
+            generation=args.generation,
         )
     print(args.out)
     return 0
