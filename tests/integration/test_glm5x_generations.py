@@ -1,4 +1,4 @@
-"""GLM-5.1 and GLM-5.2 (IndexShare) GGUFs on the patched vLLM 0.23.0 (patches 0011, 0012).
+"""GLM-5.1 and GLM-5.2 (IndexShare) GGUFs on the patched vLLM 0.23.0 (patches 0007, 0008).
 
 Tiny 7-layer checkpoints of both generations (tests/support/tiny_glm5.py; 5.2 with GLM-5.2's
 index_topk_freq 4 / index_skip_topk_offset 3, so layers 3-5 are "shared" and carry no indexer

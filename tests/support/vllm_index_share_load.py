@@ -6,7 +6,7 @@ the GLM generations proof's child process (tests/integration/test_glm5x_generati
 PYTHONPATH must hold the patched vllm/ only. The model is built on the CPU with the same
 stand-ins as the patch proof (vllm_gguf_load.simulate_cpu_platform: the platform's device type,
 FlashMLASparseBackend as the selected class, never run). Everything else is vLLM's real code:
-config, name map, weight iterator, loaders, patches 0005/0011/0012. OTHER_HF_DIR is the config
+config, name map, weight iterator, loaders, patches 0005/0007/0008. OTHER_HF_DIR is the config
 of the other generation, for the refusal of a GGUF / --hf-config-path mismatch; KEYLESS_GGUF a
 GGUF of the same model without llama.cpp's glm-dsa.attention.indexer.types key (as some published
 GLM-5.2 files are), checked against HF_DIR by its indexer tensors alone.
@@ -114,7 +114,7 @@ def run(gguf_path: str, hf_dir: str, other_hf_dir: str, keyless: str | None, out
             )
         out["indexer_checks"] = checks
 
-        # A GGUF and an HF config of different generations: refused before loading (0012).
+        # A GGUF and an HF config of different generations: refused before loading (0008).
         out["other_config_error"] = error_of(
             lambda: loader._check_index_share(model_config(other_hf_dir), gguf_path)
         )
