@@ -264,3 +264,23 @@ def test_support_cli_adds_tokens_once(tmp_path: Path) -> None:
     assert added == list(glm5_chat.CHAT_TOKENS)
     assert (tmp_path / "chat_template.jinja").read_text() == glm5_chat.chat_template()
     assert glm5_chat.main([str(tmp_path / "missing")]) == 1
+
+
+def test_every_parser_the_service_role_offers_is_registered(repo: Path) -> None:
+    """vllm serve resolves the names only when it starts (its argparser takes any string):
+    each non-empty choice of the vllm_service role must name a parser of vLLM 0.23.0."""
+    import yaml
+    from vllm.reasoning import ReasoningParserManager
+    from vllm.tool_parsers import ToolParserManager
+
+    spec = yaml.safe_load(
+        (repo / "playbooks/roles/vllm_service/meta/argument_specs.yml").read_text()
+    )
+    options = spec["argument_specs"]["main"]["options"]
+    tools = [c for c in options["vllm_service_tool_call_parser"]["choices"] if c]
+    reasoning = [c for c in options["vllm_service_reasoning_parser"]["choices"] if c]
+    assert tools and reasoning
+    for name in tools:
+        assert ToolParserManager.get_tool_parser(name).__module__.startswith("vllm.tool_parsers.")
+    for name in reasoning:
+        assert ReasoningParserManager.get_reasoning_parser(name).__module__.startswith("vllm.")
