@@ -97,16 +97,16 @@ def parser(tokenizer: Any, tool: str | None, reasoning: str | None, req: Any, **
     return p
 
 
-def stream(tokenizer: Any, p: Any, req: Any, text: str, prompt: str, chunk: int) -> dict:
-    """Feed text to p.parse_delta `chunk` tokens at a time, as the engine's detokenizer would,
-    and join what comes back: reasoning, content and the tool calls rebuilt from their deltas.
+def delta_messages(tokenizer: Any, p: Any, req: Any, text: str, prompt: str, chunk: int) -> list:
+    """Feed text to p.parse_delta `chunk` tokens at a time, as the engine's detokenizer would;
+    returns the DeltaMessages that come back (vLLM sends one chunk per non-None message).
 
     Like vLLM's incremental detokenizer, text ending in half a UTF-8 character is held back
     (that delta carries its token ids and no text) until the character is complete.
     """
     ids = tokenizer.encode(text, add_special_tokens=False)
     prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
-    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}}
+    out = []
     sent = ""
     for start in range(0, len(ids), chunk):
         end = min(start + chunk, len(ids))
@@ -116,8 +116,16 @@ def stream(tokenizer: Any, p: Any, req: Any, text: str, prompt: str, chunk: int)
         msg = p.parse_delta(
             delta, ids[start:end], req, prompt_token_ids=prompt_ids, finished=end == len(ids)
         )
-        if msg is None:
-            continue
+        if msg is not None:
+            out.append(msg)
+    assert sent == text  # the deltas covered the whole completion, nothing lost in decoding
+    return out
+
+
+def stream(tokenizer: Any, p: Any, req: Any, text: str, prompt: str, chunk: int) -> dict:
+    """delta_messages joined: reasoning, content and the tool calls rebuilt from their deltas."""
+    out: dict[str, Any] = {"reasoning": "", "content": "", "calls": {}}
+    for msg in delta_messages(tokenizer, p, req, text, prompt, chunk):
         out["reasoning"] += msg.reasoning or ""
         out["content"] += msg.content or ""
         for tc in msg.tool_calls or []:
@@ -128,7 +136,6 @@ def stream(tokenizer: Any, p: Any, req: Any, text: str, prompt: str, chunk: int)
                 call["name"] = tc.function.name
             if tc.function and tc.function.arguments:
                 call["arguments"] += tc.function.arguments
-    assert sent == text  # the deltas covered the whole completion, nothing lost in decoding
     return out
 
 
@@ -284,3 +291,111 @@ def test_every_parser_the_service_role_offers_is_registered(repo: Path) -> None:
         assert ToolParserManager.get_tool_parser(name).__module__.startswith("vllm.tool_parsers.")
     for name in reasoning:
         assert ReasoningParserManager.get_reasoning_parser(name).__module__.startswith("vllm.")
+
+
+# -- the smoke client on vLLM's own wire format ------------------------------------------------
+
+
+def vllm_wire(tokenizer: Any, tool: str, text: str) -> tuple[dict, list[str]]:
+    """What vLLM 0.23.0's chat endpoint sends for TEXT with these parsers, built with its own
+    protocol models as serving.py builds them: the plain reply's JSON body (JSONResponse of
+    model_dump()) and the stream's data payloads (model_dump_json(exclude_unset=True) per
+    chunk, role first, finish_reason on the last)."""
+    import smoke_client
+    from vllm.entrypoints.openai.chat_completion.protocol import (
+        ChatCompletionRequest,
+        ChatCompletionResponse,
+        ChatCompletionResponseChoice,
+        ChatCompletionResponseStreamChoice,
+        ChatCompletionStreamResponse,
+        ChatMessage,
+    )
+    from vllm.entrypoints.openai.engine.protocol import DeltaMessage, ToolCall, UsageInfo
+
+    tools = [smoke_client.TOOL]  # the smoke client's own tool, so its schema check applies
+    req = ChatCompletionRequest(model="glm-5", messages=[USER], tools=tools, tool_choice="auto")
+    reasoning, content, calls = parser(tokenizer, tool, "glm45", req).parse(
+        text, req, enable_auto_tools=True
+    )
+    message = ChatMessage(
+        role="assistant",
+        reasoning=reasoning,
+        content=content,
+        tool_calls=[ToolCall(id=c.id, function=c) for c in calls or []],
+    )
+    finish = "tool_calls" if calls else "stop"
+    usage = UsageInfo(prompt_tokens=9, completion_tokens=40, total_tokens=49)
+    body = ChatCompletionResponse(
+        id="chatcmpl-1",
+        model="glm-5",
+        choices=[ChatCompletionResponseChoice(index=0, message=message, finish_reason=finish)],
+        usage=usage,
+    ).model_dump(mode="json")
+
+    sreq = ChatCompletionRequest(
+        model="glm-5", messages=[USER], tools=tools, tool_choice="auto", stream=True
+    )
+    prompt = glm5_chat.render(tokenizer, [USER], tools, add_generation_prompt=True)
+    msgs = delta_messages(tokenizer, parser(tokenizer, tool, "glm45", sreq), sreq, text, prompt, 1)
+    streamed_calls = any(m.tool_calls for m in msgs)
+    events = []
+    for i, delta in enumerate([DeltaMessage(role="assistant", content=""), *msgs]):
+        last = i == len(msgs)
+        choice = ChatCompletionResponseStreamChoice(
+            index=0,
+            delta=delta,
+            logprobs=None,
+            finish_reason=("tool_calls" if streamed_calls else "stop") if last else None,
+        )
+        chunk = ChatCompletionStreamResponse(
+            id="chatcmpl-1", object="chat.completion.chunk", created=0, model="glm-5",
+            choices=[choice],
+        )  # fmt: skip
+        events.append(chunk.model_dump_json(exclude_unset=True))
+    return body, events
+
+
+def smoke_tools(body: dict, events: list[str], tmp_path: Path) -> dict:
+    import smoke_test
+    from support.fake_openai_server import Behaviour, FakeOpenAIServer
+
+    behaviour = Behaviour(models=["glm-5"], raw_tools_body=body, raw_tools_events=events)
+    report = tmp_path / "smoke.json"
+    with FakeOpenAIServer(behaviour) as srv:
+        smoke_test.main(["--base-url", srv.base_url, "--tools", "--timeout", "10",
+                         "--requests", "1", "--json", str(report)])  # fmt: skip
+        assert srv.errors == []
+    return json.loads(report.read_text())["checks"]
+
+
+def test_smoke_client_reads_vllms_tool_calls_from_glm47(
+    tokenizer: Any, tmp_path: Path, capsys
+) -> None:
+    args = {"city": "Paris", "days": 3}
+    text = glm5_chat.completion_of(tokenizer, [USER, assistant([("get_weather", args)])], None)
+    body, events = vllm_wire(tokenizer, "glm47", text)
+    assert body["choices"][0]["message"]["reasoning"] == REASONING  # vLLM 0.23.0's field name
+    checks = smoke_tools(body, events, tmp_path)
+    capsys.readouterr()
+    assert checks["tools"]["status"] == checks["tools_stream"]["status"] == "pass"
+    call = 'get_weather({"city": "Paris", "days": 3})'
+    assert checks["tools"]["detail"] == f"1 tool call(s), finish_reason=tool_calls: {call}"
+    assert checks["tools_stream"]["detail"] == (
+        f"1 tool call(s) streamed, finish_reason=tool_calls: {call}"
+    )
+
+
+def test_smoke_client_catches_glm45_leaving_the_call_in_content(
+    tokenizer: Any, tmp_path: Path, capsys
+) -> None:
+    args = {"city": "Paris", "days": 3}
+    text = glm5_chat.completion_of(tokenizer, [USER, assistant([("get_weather", args)])], None)
+    body, events = vllm_wire(tokenizer, "glm45", text)
+    checks = smoke_tools(body, events, tmp_path)
+    capsys.readouterr()
+    assert checks["tools"]["status"] == "fail"
+    assert (
+        "tool-call markup '<tool_call>' left in content (finish_reason=stop)"
+        in (checks["tools"]["detail"])
+    )
+    assert checks["tools_stream"]["status"] == "pass"  # glm45's streaming path gets the call

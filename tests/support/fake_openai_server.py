@@ -63,6 +63,10 @@ class Behaviour:
     chat_finish_reason: str | None = None  # None: tool_calls after a call, else length
     # Streamed reasoning, sent before the content pieces in `reasoning_field`.
     stream_reasoning_pieces: list[str] = field(default_factory=list)
+    # Replies to a request that declares tools, verbatim: the JSON body of a plain one, the data
+    # payloads of a streamed one (then [DONE]). For replaying what vLLM itself serialises.
+    raw_tools_body: dict[str, Any] | None = None
+    raw_tools_events: list[str] | None = None
 
     def calls_for(self, body: dict[str, Any]) -> list[dict[str, Any]]:
         return self.tool_calls if body.get("tools") else []
@@ -172,6 +176,10 @@ class _Handler(BaseHTTPRequestHandler):
                 # vLLM 0.23.0's words (entrypoints/serve/render/serving.py)
                 self._send_error(400, '"auto" tool choice requires --enable-auto-tool-choice '
                                  "and --tool-call-parser to be set")  # fmt: skip
+            elif body.get("tools") and body.get("stream") and b.raw_tools_events is not None:
+                self._replay(b.raw_tools_events)
+            elif body.get("tools") and b.raw_tools_body is not None:
+                self._send_json(200, b.raw_tools_body)
             elif body.get("stream"):
                 self._stream(body)
             else:
@@ -264,6 +272,15 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with server.lock:
                 server.in_flight -= 1
+
+    def _replay(self, payloads: list[str]) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        for payload in [*payloads, "[DONE]"]:
+            self._event(payload)
+        self._chunk(b"")
 
     def _tool_deltas(self, body: dict[str, Any]) -> list[Any]:
         """delta.tool_calls lists as vLLM streams them: id, type and name first, then pieces."""
