@@ -23,13 +23,13 @@ Exit: 0 ok, 1 check failed / refused / patch failure / unsupported version / I/O
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
 import sysconfig
 from pathlib import Path
 
+import cli_args
 import patchset as ps
 import safe_files
 
@@ -188,11 +188,7 @@ def print_text(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli_args.parser(__doc__, EXAMPLES)
     p.add_argument(
         "command",
         choices=["status", "verify", "apply", "revert", "manifest"],
