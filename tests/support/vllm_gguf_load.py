@@ -309,18 +309,24 @@ def kv_b_low_bit(kv_b, n_head: int) -> dict:
     }
 
 
-def main(argv: list[str]) -> int:
-    mode, gguf_path, hf_dir, out_path = argv
-    out: dict = {"mode": mode}
+def write_report(out_path: str, run, *args, **out) -> int:
+    """RUN(*ARGS, out) fills OUT (started with OUT's keywords and the vllm/ imported); OUT is
+    written to OUT_PATH as JSON, a crash included as its traceback: the parent asserts on it."""
     import vllm
 
     out["vllm_file"] = vllm.__file__
     try:
-        {"pristine": pristine, "patched": patched}[mode](gguf_path, hf_dir, out)
+        run(*args, out)
     except Exception:
         out["crash"] = traceback.format_exc()
     Path(out_path).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    mode, gguf_path, hf_dir, out_path = argv
+    run = {"pristine": pristine, "patched": patched}[mode]
+    return write_report(out_path, run, gguf_path, hf_dir, mode=mode)
 
 
 if __name__ == "__main__":

@@ -14,12 +14,16 @@ GLM-5.2 files are), checked against HF_DIR by its indexer tensors alone.
 
 from __future__ import annotations
 
-import json
 import sys
-import traceback
 from pathlib import Path
 
-from vllm_gguf_load import error_of, loaded_on_cpu, model_config, simulate_cpu_platform
+from vllm_gguf_load import (
+    error_of,
+    loaded_on_cpu,
+    model_config,
+    simulate_cpu_platform,
+    write_report,
+)
 
 
 def layer_wiring(model, n_layers: int) -> list[dict]:
@@ -110,16 +114,8 @@ def run(gguf_path: str, hf_dir: str, other_hf_dir: str, keyless: str | None, out
 
 def main(argv: list[str]) -> int:
     gguf_path, hf_dir, other_hf_dir, out_path, *keyless = argv
-    out: dict = {}
-    import vllm
-
-    out["vllm_file"] = vllm.__file__
-    try:
-        run(gguf_path, hf_dir, other_hf_dir, keyless[0] if keyless else None, out)
-    except Exception:
-        out["crash"] = traceback.format_exc()
-    Path(out_path).write_text(json.dumps(out, indent=1))
-    return 0
+    keyless_path = keyless[0] if keyless else None
+    return write_report(out_path, run, gguf_path, hf_dir, other_hf_dir, keyless_path)
 
 
 if __name__ == "__main__":
