@@ -15,6 +15,8 @@
 #   serve    vllm serve MERGED --hf-config-path CKPT --tokenizer CKPT --dtype float16
 #            --attention-backend CUSTOM --api-key KEY, CUDA graphs on, in the background
 #   health   wait (bounded) for /health
+#   routes   tests/e2e/route_check.py: every route of the real app (its /openapi.json) answers 401
+#            without the key and with a wrong one, /health and /ping 200 -> $OUT/routes.json
 #   smoke    scripts/smoke_test.py against the server -> $OUT/smoke.json
 #   backends scripts/probe_backends.py (capability detected, and 12.0), after the server has
 #            started: a second CUDA process during vLLM's memory profiling can fail its start
@@ -33,7 +35,7 @@
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
 set -uo pipefail
 
-STEPS=(ckpt convert merge repro patch serve health smoke backends stop)
+STEPS=(ckpt convert merge repro patch serve health routes smoke backends stop)
 CRITICAL=" ckpt convert merge patch serve health "   # a failure here skips the later steps
 
 usage() { sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -234,6 +236,12 @@ sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 
   echo "healthy $(( $(date +%s) - started )) s after launch" | tee "$LOGS/health.log"
   grep -E "attention backend|Using .*[Bb]ackend|CUSTOM|[Cc]uda ?[Gg]raph|[Gg]raph capturing|torch.compile|Compil|KV cache|Loading weights|Model loading took|\[gguf" \
     "$LOGS/server.log" | head -n 60 | tee -a "$LOGS/health.log"
+}
+
+step_routes() {
+  [ "$DRY_RUN" = 1 ] || api_key > /dev/null   # the key file exists before the checker reads it
+  xl routes.log env PYTHONPATH="tests:scripts:$PYTHONPATH" "$PY" -m e2e.route_check \
+    --base-url "http://127.0.0.1:$PORT" --api-key-file "$WORK/api_key" --json "$OUT/routes.json"
 }
 
 step_smoke() {
