@@ -79,8 +79,14 @@ class Client:
     deadline: float  # time.monotonic() past which no request starts
 
     def request(
-        self, method: str, path: str, key: str | None, cap: int = BODY_CAP
+        self,
+        method: str,
+        path: str,
+        key: str | None,
+        cap: int = BODY_CAP,
+        payload: bytes = b"{}",
     ) -> tuple[int, bytes]:
+        """One request (POST/PUT/PATCH send `payload` as JSON): (status, body up to cap)."""
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise CheckError("the check ran past its --deadline")
@@ -90,7 +96,7 @@ class Client:
             headers["Authorization"] = f"Bearer {key}"
         body = None
         if method in ("POST", "PUT", "PATCH"):
-            body = b"{}"
+            body = payload
             headers["Content-Type"] = "application/json"
         try:
             conn.request(method, path, body=body, headers=headers)
@@ -101,6 +107,9 @@ class Client:
             raise CheckError(f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         finally:
             conn.close()
+
+    def post_json(self, path: str, key: str, obj: Any) -> tuple[int, bytes]:
+        return self.request("POST", path, key, SCHEMA_CAP, json.dumps(obj).encode())
 
 
 def loopback(host: str) -> bool:
