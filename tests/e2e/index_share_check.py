@@ -26,7 +26,6 @@ check failed or a request failed (one error line); 2 usage.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import re
@@ -35,6 +34,8 @@ import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
+
+from support import cli
 
 from e2e.route_check import CheckError, Client, loopback
 
@@ -114,12 +115,7 @@ def completion(client: Client, key: str, model: str, ids: list[int], args: Any) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python3 -m e2e.index_share_check",
-        description=__doc__.split("\n\n")[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python3 -m e2e.index_share_check")
     p.add_argument("--base-url", required=True)
     p.add_argument("--api-key-file", type=Path, required=True)
     p.add_argument("--model", required=True, help="the served model name")

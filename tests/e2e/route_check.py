@@ -27,7 +27,6 @@ arguments, a non-loopback address).
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import ipaddress
 import json
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import safe_files
+from support import cli
 
 EXAMPLES = """examples:
   python3 -m e2e.route_check --base-url http://127.0.0.1:8000 --api-key-file /tmp/e2e/api_key
@@ -185,12 +185,7 @@ def describe(f: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python3 -m e2e.route_check",
-        description=__doc__.split("\n\n")[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python3 -m e2e.route_check")
     p.add_argument("--base-url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--api-key-file", type=Path, required=True, help="file holding the key")
     p.add_argument("--json", type=Path, help="write the report here (routes.json)")

@@ -21,7 +21,6 @@ Exit: 0 checks passed; 1 a check failed (the error line names it); 2 usage.
 
 from __future__ import annotations
 
-import argparse
 import http.client
 import json
 import re
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import safe_files
+from support import cli
 
 from e2e.route_check import loopback
 
@@ -161,12 +161,7 @@ def read_body(data: bytes) -> tuple[dict[str, Any], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        prog="python3 -m e2e.tool_check",
-        description=__doc__.split("\n\n")[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python3 -m e2e.tool_check")
     p.add_argument("--base-url", required=True)
     p.add_argument("--api-key-file", type=Path, required=True)
     p.add_argument("--model", required=True)

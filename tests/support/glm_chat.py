@@ -13,11 +13,15 @@ from (`--tokenizer`), after conversion: the GGUF keeps the plain tokenizer. Idem
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
+from support import cli
+
+EXAMPLES = """example:
+  PYTHONPATH=tests python -m support.glm_chat --hf-dir /tmp/e2e/ckpt
+"""
 TEMPLATE = Path(__file__).with_name("templates") / "glm47.jinja"
 TOKENS = [
     "<think>", "</think>", "<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>",
@@ -44,7 +48,7 @@ def apply(hf_dir: Path, template: Path = TEMPLATE) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = cli.parser(__doc__, EXAMPLES, prog="python -m support.glm_chat")
     p.add_argument("--hf-dir", type=Path, required=True, help="the checkpoint folder")
     p.add_argument("--template", type=Path, default=TEMPLATE, help="default: %(default)s")
     args = p.parse_args(argv)
