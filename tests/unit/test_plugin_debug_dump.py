@@ -42,6 +42,11 @@ def test_saves_only_forwards_of_n_rows_under_the_layer_name(
     assert torch.equal(saved, rows) and saved.dtype == torch.int32
     rows[0, 0] = -7  # the file holds a copy, not a view of the live buffer
     assert saved[0, 0] == 0
+    padded = torch.arange(28, dtype=torch.int32).reshape(7, 4)  # 5 rows + 2 rows of padding
+    assert debug_dump.maybe_dump(where, "model.layers.3.self_attn.attn", padded) is True
+    assert torch.equal(torch.load(tmp_path / "d" / "model.layers.3.self_attn.attn.pt"), padded[:5])
+    too_many = torch.zeros(5 + debug_dump.PAD, 4, dtype=torch.int32)
+    assert debug_dump.maybe_dump(where, "model.layers.3.self_attn.attn", too_many) is False
     assert debug_dump.maybe_dump(where, "a/b c", rows) is True
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
         "a_b_c.pt", "model.layers.3.self_attn.attn.pt",
