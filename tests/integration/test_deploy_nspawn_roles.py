@@ -233,9 +233,11 @@ def test_smoke_role_runs_the_real_client_against_vllm_serve_standin(deployed) ->
     assert report["passed"] is True
     assert (report["base_url"], report["model"]) == ("http://127.0.0.1:8000/v1", "glm-5")
     statuses = {name: check["status"] for name, check in report["checks"].items()}
+    # The service runs the tool-call and reasoning parsers by default: the role asks for their
+    # checks too (a reply without a tool call passes, as with random weights).
     assert statuses == {name: "pass" for name in
                         ("models", "completion", "chat_completion", "chat_stream", "concurrency",
-                         "auth")}  # fmt: skip
+                         "auth", "tools", "tools_stream", "reasoning")}  # fmt: skip
     assert report["settings"]["api_key_set"] is True
     assert "stand-in reply" in report["checks"]["chat_stream"]["detail"]
     key = (node.root / "etc/glm5/api-key.env").read_text().strip().split("=", 1)[1]
