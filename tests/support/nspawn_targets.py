@@ -44,11 +44,13 @@ DEBOOTSTRAP_TIMEOUT = 1200
 BOOT_TIMEOUT = 120
 
 # Packages of every target: systemd as init, sshd + python3-apt for Ansible, nftables for the
-# Ray firewall, iproute2/procps/curl for probes, initramfs-tools for the driver role's hooks.
+# Ray firewall, iproute2/procps/curl for probes, initramfs-tools for the driver role's hooks;
+# GNU patch for the patch role (its apt task finds it: the targets reach no archive), python3-venv
+# and make for a venv on the target and `make setup` there (the README's prerequisites).
 INCLUDE = [
-    "ca-certificates", "curl", "dbus", "gpg", "initramfs-tools", "iproute2", "nftables",
-    "openssh-server", "procps", "python3", "python3-apt", "python3-debian", "sudo", "systemd",
-    "systemd-sysv",
+    "ca-certificates", "curl", "dbus", "gpg", "initramfs-tools", "iproute2", "make", "nftables",
+    "openssh-server", "patch", "procps", "python3", "python3-apt", "python3-debian",
+    "python3-venv", "sudo", "systemd", "systemd-sysv",
 ]  # fmt: skip
 # Units that only slow a container's boot or wait for what it never gets.
 MASKED = [
@@ -69,16 +71,17 @@ DISTROS: dict[str, dict[str, object]] = {
     },
     # The production OS (Python 3.12, systemd 255). Bookworm's debootstrap has no noble script
     # (gutsy is the generic Ubuntu one) and Debian ships no Ubuntu keyring: the first build is
-    # unverified, later ones could pass the tree's own keyring (trust on first use).
+    # unverified, later ones could pass the tree's own keyring (trust on first use). Universe is
+    # on, as on Ubuntu's own server images: python3-venv is there.
     "ubuntu2404": {
         "suite": "noble",
         "mirror": "http://archive.ubuntu.com/ubuntu",
         "sources": [
-            "deb http://archive.ubuntu.com/ubuntu noble main",
-            "deb http://archive.ubuntu.com/ubuntu noble-updates main",
-            "deb http://archive.ubuntu.com/ubuntu noble-security main",
+            "deb http://archive.ubuntu.com/ubuntu noble main universe",
+            "deb http://archive.ubuntu.com/ubuntu noble-updates main universe",
+            "deb http://archive.ubuntu.com/ubuntu noble-security main universe",
         ],
-        "args": ["--no-check-gpg", "--components=main"],
+        "args": ["--no-check-gpg", "--components=main,universe"],
         "script": "/usr/share/debootstrap/scripts/gutsy",
     },
 }
@@ -252,6 +255,20 @@ class Node:
             raise TargetError(f"{self.name}: not running")
         ns = ["nsenter", "-t", str(leader), "-m", "-u", "-i", "-n", "-p", "--"]
         return _run(*ns, *cmd, check=check, timeout=timeout, input=input)
+
+    def spawn(self, *cmd: str | Path, log: Path) -> subprocess.Popen:
+        """Start CMD inside the container without waiting; its stdout and stderr go to LOG."""
+        leader = self.leader()
+        if leader is None:
+            raise TargetError(f"{self.name}: not running")
+        ns = ["nsenter", "-t", str(leader), "-m", "-u", "-i", "-n", "-p", "--"]
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                [*ns, *map(str, cmd)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
 
     def wait_booted(self, timeout: float = BOOT_TIMEOUT) -> str:
         """Wait until the container's systemd says running (or degraded); return that state."""

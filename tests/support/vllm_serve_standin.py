@@ -5,7 +5,8 @@ Installed as the `vllm` executable the vllm_service unit runs (`vllm serve MODEL
 --served-model-name N ...`), so systemd, the unit's hardening, the restart handler and the /health
 wait all act on a real process. Like vLLM it reads the model file and the HF config dir before it
 listens (so a unit whose sandbox hides them fails to start), writes to its cache root, and guards
-/v1 with VLLM_API_KEY. It generates no text: replies are fixed strings marked "stand-in".
+/v1 with VLLM_API_KEY. It generates no text: replies are fixed strings marked "stand-in" (a
+streamed chat reply comes as server-sent events, as vLLM sends them).
 Standard library only (runs on the target's /usr/bin/python3).
 
 Exit codes: 0 stopped by SIGTERM/SIGINT, 1 model or config unreadable, 2 bad arguments.
@@ -92,7 +93,9 @@ def _handler(model: str, key: str | None) -> type[http.server.BaseHTTPRequestHan
             usage = {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}
             base = {"id": "standin-1", "created": created, "model": req.get("model", model),
                     "system_fingerprint": FINGERPRINT, "usage": usage}  # fmt: skip
-            if self.path == "/v1/chat/completions":
+            if self.path == "/v1/chat/completions" and req.get("stream"):
+                self._stream(base, bool((req.get("stream_options") or {}).get("include_usage")))
+            elif self.path == "/v1/chat/completions":
                 msg = {"role": "assistant", "content": "stand-in reply"}
                 choice = {"index": 0, "message": msg, "finish_reason": "stop"}
                 self._send(200, {**base, "object": "chat.completion", "choices": [choice]})
@@ -101,6 +104,28 @@ def _handler(model: str, key: str | None) -> type[http.server.BaseHTTPRequestHan
                 self._send(200, {**base, "object": "text_completion", "choices": [choice]})
             else:
                 self._send(404, {"error": f"no route {self.path}"})
+
+        def _stream(self, base: dict, include_usage: bool) -> None:
+            """Server-sent events as vLLM sends them: role, content pieces, finish, usage, [DONE].
+
+            HTTP/1.0 like the rest of this server: the body ends when the connection closes."""
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            head = {k: v for k, v in base.items() if k != "usage"}
+            head["object"] = "chat.completion.chunk"
+            deltas = [{"role": "assistant", "content": ""}, {"content": "stand-in"},
+                      {"content": " reply"}]  # fmt: skip
+            events = [
+                {**head, "choices": [{"index": 0, "delta": d,
+                                      "finish_reason": "stop" if i == len(deltas) - 1 else None}]}
+                for i, d in enumerate(deltas)
+            ]  # fmt: skip
+            if include_usage:
+                events.append({**head, "choices": [], "usage": base["usage"]})
+            for event in [*map(json.dumps, events), "[DONE]"]:
+                self.wfile.write(f"data: {event}\n\n".encode())
+                self.wfile.flush()
 
     return Handler
 
