@@ -22,9 +22,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ._dims import D_LATENT, D_QK, D_ROPE
+from ._dims import D_LATENT, D_QK, D_ROPE, FP8_ROW_BYTES
 
-ROW_BYTES = 656
+ROW_BYTES = FP8_ROW_BYTES  # 656
 GROUP = 128  # latent values per scale
 N_GROUPS = D_LATENT // GROUP  # 4
 SCALE_OFFSET = D_LATENT  # 512: first scale byte

@@ -44,8 +44,7 @@ import triton.language as tl
 
 from ._capability import DeviceInfo, device_info
 from ._configs import MIN_DECODE_SPLITS, MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
-from ._dims import D_LATENT, D_QK, D_ROPE
-from .fp8_ds_mla import ROW_BYTES as FP8_ROW_BYTES
+from ._dims import D_LATENT, D_QK, D_ROPE, FP8_ROW_BYTES
 
 LOG2E = 1.4426950408889634
 
