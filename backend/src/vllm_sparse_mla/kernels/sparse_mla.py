@@ -103,6 +103,7 @@ def _sparse_mla_kernel(
     o_dr = tl.arange(0, D_ROPE)
     o_n = tl.arange(0, BLOCK_N)
     o_g = tl.arange(0, N_GROUPS)
+    o_w = tl.arange(0, D_LATENT // 4)
 
     # [BLOCK_H, D_LATENT], [BLOCK_H, D_ROPE]
     p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh
@@ -129,7 +130,13 @@ def _sparse_mla_kernel(
             p_row = kv_ptr + b_blk * stride_kvb + (b_slot % KV_BLOCK) * stride_kvs
         # [BLOCK_N, D_LATENT] is K's latent part and V; [BLOCK_N, D_ROPE] K's rope part
         if FP8_DS_MLA:  # 656-B rows: e4m3 x per-128 fp32 scale -> q's dtype; rope 16-bit as is
-            b_k8 = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0)
+            # 4 e4m3 bytes per int32 word: the pipeliner gives word loads a cp.async ring (it
+            # left the [BLOCK_N, 512] byte load synchronous), unpacked little-endian below
+            p_w = p_row.to(tl.pointer_type(tl.int32))
+            b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
+            b_k8 = tl.join(tl.join(b_w & 0xFF, (b_w >> 16) & 0xFF),
+                           tl.join((b_w >> 8) & 0xFF, (b_w >> 24) & 0xFF))  # fmt: skip
+            b_k8 = tl.reshape(b_k8, [BLOCK_N, D_LATENT]).to(tl.uint8)
             p_sc = (p_row + D_LATENT).to(tl.pointer_type(tl.float32))
             b_sc = tl.load(p_sc[:, None] + o_g[None, :], mask=m_valid[:, None], other=0.0)
             b_kv = tl.reshape(b_k8.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32),
