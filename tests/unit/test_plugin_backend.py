@@ -181,3 +181,48 @@ def test_impl_refuses_other_fp8_formats() -> None:
     with pytest.raises(ValueError, match="--kv-cache-dtype fp8_ds_mla"):
         SparseTritonMLAImpl(8, 576, 0.1, 1, None, None, "fp8", None, "decoder", None,
                             indexer=indexer, kv_lora_rank=512)  # fmt: skip
+
+
+IMPL_WRITE = """
+import torch
+from types import SimpleNamespace
+from vllm_sparse_mla.backend import SparseTritonMLAImpl
+from vllm_sparse_mla.kernels.fp8_ds_mla import quantize_rows
+
+from vllm.config import DeviceConfig, VllmConfig, set_current_vllm_config
+
+indexer = SimpleNamespace(topk_indices_buffer=torch.zeros(2, 64, dtype=torch.int32))
+with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu"))):
+    impl = SparseTritonMLAImpl(8, 576, 0.1, 1, None, None, "fp8_ds_mla", None, "decoder", None,
+                               indexer=indexer, kv_lora_rank=512)
+g = torch.Generator().manual_seed(0)
+kv_c = torch.randn(5, 512, generator=g).half()
+k_pe = torch.randn(5, 1, 64, generator=g).half()  # as MLAAttention passes it
+cache = torch.full((2, 64, 656), 0xAB, dtype=torch.uint8)
+slots = torch.tensor([3, -1, 64, 127, 5])
+impl.do_kv_cache_update(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(()))
+flat = cache.view(-1, 656)
+want = quantize_rows(kv_c, k_pe.squeeze(1))
+live = slots >= 0
+assert torch.equal(flat[slots[live]], want[live])
+rest = torch.ones(128, dtype=torch.bool)
+rest[slots[live]] = False
+assert torch.all(flat[rest] == 0xAB)
+print("OK")
+"""
+
+
+def test_impl_writes_fp8_ds_mla_rows_through_vllms_cache_update_hook(tmp_path) -> None:
+    """do_kv_cache_update (what vLLM's MLAAttention calls) with kv_cache_dtype fp8_ds_mla writes
+    our rows (Triton interpreter, a subprocess: TRITON_INTERPRET must precede triton's import)."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    path = os.pathsep.join(str(REPO / p) for p in ("tests", "backend/src"))
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
+    proc = subprocess.run([sys.executable, "-c", IMPL_WRITE], env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("OK"), proc.stderr[-3000:]
