@@ -459,19 +459,10 @@ def child_main(args: argparse.Namespace) -> int:
 
 
 def _writer():
-    """scripts/glm5_gguf_writer.py, loaded by path (benchmarks/ is not a package)."""
-    import importlib.util
+    """scripts/glm5_gguf_writer.py (on PYTHONPATH: `make bench-serve`, pytest's pythonpath)."""
+    import glm5_gguf_writer
 
-    if "glm5_gguf_writer" in sys.modules:
-        return sys.modules["glm5_gguf_writer"]
-    spec = importlib.util.spec_from_file_location(
-        "glm5_gguf_writer", SCRIPTS / "glm5_gguf_writer.py"
-    )
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["glm5_gguf_writer"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return glm5_gguf_writer
 
 
 # --- estimates and report --------------------------------------------------------------------

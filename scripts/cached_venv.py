@@ -16,7 +16,6 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import os
 import shutil
@@ -24,6 +23,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import cli_args
 
 STAMP = ".installed"
 
@@ -79,11 +80,7 @@ def ensure(dest: Path, requirements: Path, python: str) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog="Examples:\n" + __doc__.split("Examples:\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cli_args.parser(__doc__)
     parser.add_argument("dest", type=Path, help="where the venv is reached (a symlink)")
     parser.add_argument(
         "--requirements", type=Path, required=True, help="pip requirements file to install"

@@ -12,13 +12,13 @@ Examples:
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import cli_args
 from safe_files import write_atomic
 
 REPO = Path(__file__).resolve().parent.parent
@@ -56,11 +56,7 @@ def resolve(requirements: Path, version: str, scratch: Path) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog="Examples:\n" + __doc__.split("Examples:\n", 1)[1],
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = cli_args.parser(__doc__)
     parser.add_argument(
         "--requirements",
         type=Path,

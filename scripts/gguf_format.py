@@ -210,6 +210,15 @@ def read_header(path: Path, fd: int | None = None) -> Header:
     return header
 
 
+def _claim(path: Path, name: str, seen: set[str], what: str, dup: str) -> None:
+    """NAME is new in SEEN and has no NUL byte (a C reader would cut it there)."""
+    if "\0" in name:
+        raise ShardError(path, f"{what} {name!r} contains a NUL byte")
+    if name in seen:
+        raise ShardError(path, f"duplicate {dup} {name!r}")
+    seen.add(name)
+
+
 def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
     cur = _Cursor(path, buf, size)
     magic = cur.u32("magic")
@@ -237,11 +246,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
         key = cur.string(f"key {i}")
         if not key:
             raise ShardError(path, f"key/value {i} has an empty key")
-        if "\0" in key:
-            raise ShardError(path, f"key {key!r} contains a NUL byte")
-        if key in seen:
-            raise ShardError(path, f"duplicate key {key!r}")
-        seen.add(key)
+        _claim(path, key, seen, "key", "key")
         vtype = cur.u32(f"type of {key!r}")
         value: int | float | str | None = None
         if vtype == _T.ARRAY:
@@ -288,11 +293,7 @@ def _parse(path: Path, buf: mmap.mmap, size: int) -> Header:
         name = cur.string(f"name of tensor {i}")
         if len(name.encode("utf-8", errors="surrogateescape")) >= GGML_MAX_NAME:
             raise ShardError(path, f"tensor name {name!r} is {len(name)} bytes, limit is 63")
-        if "\0" in name:
-            raise ShardError(path, f"tensor name {name!r} contains a NUL byte")
-        if name in names:
-            raise ShardError(path, f"duplicate tensor {name!r}")
-        names.add(name)
+        _claim(path, name, names, "tensor name", "tensor")
         n_dims = cur.u32(f"dimensions of {name!r}")
         if n_dims > GGML_MAX_DIMS:
             raise ShardError(path, f"tensor {name!r} has {n_dims} dimensions, at most 4 allowed")

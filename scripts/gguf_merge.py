@@ -27,7 +27,6 @@ existing OUTPUT, I/O failure, a shard changed during the merge, or a stop signal
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import fcntl
@@ -40,6 +39,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TextIO
 
+import cli_args
 import safe_files
 from gguf_format import (
     MergePlan,
@@ -470,11 +470,7 @@ def _install_handlers() -> Callable[[], None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli_args.parser(__doc__, EXAMPLES)
     p.add_argument(
         "shard", type=Path, help="any shard of the set, e.g. GLM-5-Q4_K_M-00001-of-00011.gguf"
     )

@@ -22,12 +22,12 @@ the file cannot be read, 2 usage.
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import cli_args
 import gguf_format
 
 EXAMPLES = """examples:
@@ -122,11 +122,7 @@ def summary(tensors: list[tuple[str, int, Path]]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli_args.parser(__doc__, EXAMPLES)
     p.add_argument("gguf", type=Path, help="any shard of a split set, or a single .gguf")
     p.add_argument("--summary", action="store_true", help="print tensor counts per type")
     args = p.parse_args(argv)

@@ -24,7 +24,6 @@ without --force), 2 usage.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import shutil
@@ -32,6 +31,7 @@ import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import cli_args
 import numpy as np
 
 EXAMPLES = """examples:
@@ -565,11 +565,7 @@ def write_gguf(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli_args.parser(__doc__, EXAMPLES)
     p.add_argument("--out", type=Path, help="output .gguf (shards get -NNNNN-of-MMMMM)")
     p.add_argument("--mix", default="Q4_K_M", help=f"type mix: {', '.join(MIXES)}")
     p.add_argument("--view", choices=sorted(VIEWS), default="full", help="geometry view")

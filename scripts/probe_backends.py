@@ -24,6 +24,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import cli_args
+
 EXAMPLES = """examples:
   python scripts/probe_backends.py --capability 12.0 --dtype float16 --head-size 576 --sparse \\
       --kv-cache-dtype auto --block-size 64          # GLM-5 on SM120 (make probe)
@@ -253,11 +255,7 @@ def _detect_capability() -> tuple[int, int] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli_args.parser(__doc__, EXAMPLES)
     p.add_argument(
         "--capability",
         type=_capability,

@@ -12,8 +12,12 @@ APIs only) bounds every request:
   compressed body cannot expand past the cap), no redirect (a 3xx is a failure naming the target);
 - no proxy or netrc from the environment (nothing but the endpoint is contacted).
 Every body is then checked for the shape the OpenAI API gives it; a bad one is one failed check
-with a one-line reason. Secrets (the key, a password in the URL, any echoed bearer token) are
-redacted from everything printed or saved.
+with a one-line reason. The optional tool and reasoning checks (`Settings.tools`, `.reasoning`)
+also check what vLLM's parsers made of the reply: every tool call names the declared tool and
+carries JSON arguments valid under its schema (jsonschema, which vLLM's own dependencies and the
+controller's carry), and no parser markup is left in a reply that ended by itself.
+Secrets (the key, a password in the URL, any echoed bearer token) are redacted from everything
+printed or saved.
 """
 
 from __future__ import annotations
@@ -44,7 +48,32 @@ log = logging.getLogger("smoke_test")
 PROMPT = "The capital of France is"
 CHAT_MESSAGES = [{"role": "user", "content": "Say hello in five words."}]
 REPORT_VERSION = 1
-SINGLE_REQUEST_CHECKS = ("models", "completion", "chat_completion")  # others count their own
+SINGLE_REQUEST_CHECKS = ("models", "completion", "chat_completion", "tools", "reasoning")
+# The function tool of the tools checks. A model may answer without calling it (random weights
+# do): the checks judge a call only when there is one.
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather forecast for a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "description": "City name, e.g. Paris"},
+                "days": {"type": "integer", "minimum": 1, "maximum": 7},
+            },
+            "required": ["city"],
+            "additionalProperties": False,
+        },
+    },
+}
+TOOL_MESSAGES = [
+    {"role": "user", "content": "What is the weather in Paris for the next 3 days? Use the tool."}
+]
+# GLM's markers (GLM-4.5 to GLM-5): left in `content`, the server's parser did not take them.
+TOOL_MARKUP = ("<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>")
+THINK_MARKUP = ("<think>", "</think>")
+NATURAL_FINISH = ("stop", "tool_calls")  # a reply that ended by itself, not cut at max_tokens
 EXCERPT = 160  # characters of a response body or text quoted in a message
 MAX_BODY_BYTES = 8 << 20  # per response; a GLM-5 answer of --max-tokens is a few KiB
 MAX_LINE_BYTES = 1 << 20  # per SSE line
@@ -379,6 +408,93 @@ def reasoning_of(fields: dict[str, Any]) -> str:
     return value if isinstance(value, str) else ""
 
 
+# -- tool calls and reasoning ------------------------------------------------------------------
+
+
+def declared_tools() -> dict[str, dict[str, Any]]:
+    """Name -> JSON schema of the arguments, for every tool the tools checks declare."""
+    return {TOOL["function"]["name"]: TOOL["function"]["parameters"]}
+
+
+def check_tool_call(index: int, name: Any, arguments: Any, where: str) -> tuple[str, Any]:
+    """One parsed call: a declared name and a JSON object valid under that tool's schema.
+
+    Returns (name, arguments as data); raises CheckFailed with the first thing wrong.
+    """
+    import jsonschema  # only these checks need it
+
+    label = f"{where}: tool call {index}"
+    tools = declared_tools()
+    if not isinstance(name, str) or not name:
+        raise CheckFailed(f"{label} has no function name (got {_json_type(name)})")
+    if name not in tools:
+        raise CheckFailed(
+            f"{label} names {_one_line(name, 40)!r}, which the request did not declare "
+            f"(declared: {', '.join(tools)})"
+        )
+    if not isinstance(arguments, str):
+        raise CheckFailed(
+            f"{label} ({name}): 'arguments' is {_json_type(arguments)}, expected a JSON string"
+        )
+    try:
+        data = json.loads(arguments)
+    except json.JSONDecodeError as exc:
+        raise CheckFailed(
+            f"{label} ({name}): arguments are not JSON ({exc.msg} at {exc.pos}): "
+            f"{_excerpt(arguments)}"
+        ) from None
+    if not isinstance(data, dict):
+        raise CheckFailed(
+            f"{label} ({name}): arguments are {_json_type(data)}, expected a JSON object"
+        )
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(tools[name]).iter_errors(data)
+    )
+    if error is not None:
+        at = "/".join(str(p) for p in error.absolute_path)
+        raise CheckFailed(
+            f"{label} ({name}): arguments do not match the tool's schema"
+            f"{f' at {at}' if at else ''}: {_one_line(error.message, 100)}"
+        )
+    return name, data
+
+
+def check_markup(content: str, reasoning: str, finish: str | None, where: str) -> None:
+    """A reply that ended by itself keeps no parser markup: GLM's tool-call tags in `content`
+    mean the tool parser is off or the wrong one (glm45 misses GLM-5's calls), think tags mean
+    the reasoning parser is. A reply cut at max_tokens may hold a half-written call: not judged."""
+    if finish not in NATURAL_FINISH:
+        return
+    for tag in TOOL_MARKUP:
+        if tag in content:
+            raise CheckFailed(
+                f"{where}: tool-call markup {tag!r} left in content (finish_reason={finish}): "
+                "the server did not parse the call (GLM-5 needs vllm serve "
+                "--enable-auto-tool-choice --tool-call-parser glm47)"
+            )
+    for tag in THINK_MARKUP:
+        if tag in content or (reasoning and tag in reasoning):
+            field = "content" if tag in content else "reasoning content"
+            raise CheckFailed(
+                f"{where}: reasoning markup {tag!r} left in {field} (finish_reason={finish}): "
+                "the reasoning was not separated (GLM-5 needs vllm serve --reasoning-parser glm45)"
+            )
+
+
+def _reasoning_field(fields: dict[str, Any], where: str) -> str:
+    """The reasoning text of a message or delta; CheckFailed when it is there but not text."""
+    for key in ("reasoning_content", "reasoning"):
+        value = fields.get(key)
+        if value is not None and not isinstance(value, str):
+            raise CheckFailed(f"{where}: {key!r} is {_json_type(value)}, expected a string")
+    return reasoning_of(fields)
+
+
+def _describe_calls(calls: list[tuple[str, Any]]) -> str:
+    shown = "; ".join(f"{n}({json.dumps(a, ensure_ascii=False)})" for n, a in calls)
+    return _one_line(shown, 100)
+
+
 # -- server-sent events -----------------------------------------------------------------------
 
 
@@ -542,6 +658,8 @@ class Settings:
     concurrency: int
     max_tokens: int
     timeout: float
+    tools: bool = False  # the tools and tools_stream checks
+    reasoning: bool = False  # the reasoning check
 
 
 class Smoke:
@@ -767,6 +885,192 @@ class Smoke:
             "the endpoint does not enforce its key"
         )
 
+    # -- tool calls and reasoning -----------------------------------------------------------
+    def check_tools(self) -> str:
+        """A function-tool request is accepted and its reply parses; a call, if made, is valid."""
+        where = f"POST {self.shown_url}/chat/completions (tools)"
+        body = self._raw(
+            lambda: self.client.chat.completions.with_raw_response.create(
+                model=self._model,
+                messages=TOOL_MESSAGES,
+                tools=[TOOL],
+                tool_choice="auto",
+                max_tokens=self.s.max_tokens,
+            ),
+            "POST",
+            "/chat/completions",
+        )
+        choice = _first_choice(body, where)
+        finish = _optional(choice, "finish_reason", str, f"{where}: choices[0]")
+        message = _field(choice, "message", dict, f"{where}: choices[0]")
+        content = _optional(message, "content", str, f"{where}: message") or ""
+        reasoning = _reasoning_field(message, f"{where}: message")
+        raw_calls = _optional(message, "tool_calls", list, f"{where}: message") or []
+        calls = []
+        for i, call in enumerate(raw_calls):
+            label = f"{where}: tool_calls[{i}]"
+            if not isinstance(call, dict):
+                raise CheckFailed(f"{label} is {_json_type(call)}, expected an object")
+            kind = call.get("type", "function")
+            if kind != "function":
+                raise CheckFailed(f"{label} has type {_one_line(kind, 40)!r}, expected 'function'")
+            _field(call, "id", str, label)
+            function = _field(call, "function", dict, label)
+            calls.append(check_tool_call(i, function.get("name"), function.get("arguments"), where))
+        check_markup(content, reasoning, finish, where)
+        if calls:
+            return f"{len(calls)} tool call(s), finish_reason={finish}: {_describe_calls(calls)}"
+        return (
+            f"accepted, no tool called (finish_reason={finish}): "
+            f"{_excerpt(content or reasoning) if content or reasoning else '(no text)'}"
+        )
+
+    def check_tools_stream(self) -> str:
+        """The same request streamed: tool-call deltas rebuild into valid calls, [DONE] ends it."""
+        ok = False
+        try:
+            result = self._stream_tools()
+            ok = True
+            return result
+        finally:
+            self.tally(ok)
+
+    def _stream_tools(self) -> str:
+        path = "/chat/completions"
+        where = f"POST {self.shown_url}{path} (tools, streamed)"
+        content: list[str] = []
+        reasoning: list[str] = []
+        calls: dict[int, dict[str, Any]] = {}
+        finish: str | None = None
+        done = False
+        events_seen = 0
+        try:
+            with self.client.chat.completions.with_streaming_response.create(
+                model=self._model,
+                messages=TOOL_MESSAGES,
+                tools=[TOOL],
+                tool_choice="auto",
+                max_tokens=self.s.max_tokens,
+                stream=True,
+            ) as response:
+                events = sse_data(
+                    response.http_response.iter_bytes(), max_stream_events(self.s.max_tokens)
+                )
+                for n, payload in enumerate(events):
+                    events_seen = n
+                    if payload == "[DONE]":
+                        done = True
+                        break
+                    try:
+                        event = json.loads(payload)
+                    except json.JSONDecodeError:
+                        raise CheckFailed(
+                            f"stream event {n} is not JSON: {_excerpt(payload)}"
+                        ) from None
+                    label = f"stream event {n}"
+                    if not isinstance(event, dict):
+                        raise CheckFailed(f"{label} is {_json_type(event)}, expected an object")
+                    if event.get("error"):
+                        error = event["error"]
+                        msg = error.get("message", error) if isinstance(error, dict) else error
+                        raise CheckFailed(f"error event mid-stream: {_one_line(msg)}")
+                    for choice in _optional(event, "choices", list, label) or []:
+                        if not isinstance(choice, dict):
+                            raise CheckFailed(f"{label}: a choice is {_json_type(choice)}")
+                        delta = _optional(choice, "delta", dict, label) or {}
+                        content.append(_optional(delta, "content", str, label) or "")
+                        reasoning.append(_reasoning_field(delta, label))
+                        for tc in _optional(delta, "tool_calls", list, label) or []:
+                            self._tool_delta(calls, tc, label)
+                        finish = _optional(choice, "finish_reason", str, label) or finish
+        except CheckFailed as exc:
+            raise CheckFailed(f"{where}: {exc}") from exc
+        except DeadlineExceeded as exc:
+            raise CheckFailed(
+                f"stream not finished within {self.timeout:g} s (--timeout) from {where}"
+            ) from exc
+        except BoundError as exc:
+            raise CheckFailed(f"stream refused after {events_seen} events: {exc}") from exc
+        except (openai.APIError, httpx2.TimeoutException) as exc:
+            raise CheckFailed(self.describe(exc, "POST", path)) from exc
+        except httpx2.TransportError as exc:
+            raise CheckFailed(
+                f"stream broken after {events_seen} events: connection closed before [DONE] "
+                f"({_one_line(exc) or type(exc).__name__})"
+            ) from exc
+        if not done:
+            raise CheckFailed(f"stream ended after {events_seen} events without data: [DONE]")
+        if finish is None:
+            raise CheckFailed("stream ended ([DONE]) without a finish_reason")
+        parsed = [
+            check_tool_call(i, calls[i]["name"], calls[i]["arguments"], where)
+            for i in sorted(calls)
+        ]
+        text, thought = "".join(content), "".join(reasoning)
+        check_markup(text, thought, finish, where)
+        if parsed:
+            return (
+                f"{len(parsed)} tool call(s) streamed, finish_reason={finish}: "
+                f"{_describe_calls(parsed)}"
+            )
+        return (
+            f"accepted, no tool called (finish_reason={finish}, {events_seen} events): "
+            f"{_excerpt(text or thought) if text or thought else '(no text)'}"
+        )
+
+    @staticmethod
+    def _tool_delta(calls: dict[int, dict[str, Any]], tc: Any, label: str) -> None:
+        """Fold one streamed tool-call delta into CALLS (OpenAI: `index` says which call; the
+        first delta of a call carries its id and name, later ones pieces of the arguments)."""
+        if not isinstance(tc, dict):
+            raise CheckFailed(
+                f"{label}: a tool_calls entry is {_json_type(tc)}, expected an object"
+            )
+        index = _field(tc, "index", int, f"{label}: tool_calls entry")
+        if index < 0:
+            raise CheckFailed(f"{label}: tool_calls entry has index {index}")
+        function = _optional(tc, "function", dict, f"{label}: tool call {index}") or {}
+        name = _optional(function, "name", str, f"{label}: tool call {index}")
+        pieces = _optional(function, "arguments", str, f"{label}: tool call {index}") or ""
+        if index not in calls:
+            if not name:
+                raise CheckFailed(
+                    f"{label}: the first delta of tool call {index} carries no function name"
+                )
+            calls[index] = {"name": name, "arguments": ""}
+        elif name and name != calls[index]["name"]:
+            raise CheckFailed(
+                f"{label}: tool call {index} renamed from {calls[index]['name']!r} to "
+                f"{_one_line(name, 40)!r} mid-stream"
+            )
+        calls[index]["arguments"] += pieces
+
+    def check_reasoning(self) -> str:
+        """With a reasoning parser on, the reply's reasoning is a field apart from the answer."""
+        where = f"POST {self.shown_url}/chat/completions (reasoning)"
+        body = self._raw(
+            lambda: self.client.chat.completions.with_raw_response.create(
+                model=self._model, messages=CHAT_MESSAGES, max_tokens=self.s.max_tokens
+            ),
+            "POST",
+            "/chat/completions",
+        )
+        choice = _first_choice(body, where)
+        finish = _optional(choice, "finish_reason", str, f"{where}: choices[0]")
+        message = _field(choice, "message", dict, f"{where}: choices[0]")
+        content = _optional(message, "content", str, f"{where}: message") or ""
+        reasoning = _reasoning_field(message, f"{where}: message")
+        check_markup(content, reasoning, finish, where)
+        if not reasoning:
+            return (
+                f"no reasoning content returned (reasoning parser off, or thinking off; "
+                f"finish_reason={finish})"
+            )
+        return (
+            f"reasoning {len(reasoning)} chars apart from content {len(content)} chars "
+            f"(finish_reason={finish}): {_excerpt(reasoning)}"
+        )
+
     # -- streaming -------------------------------------------------------------------------
     def stream_chat(self) -> StreamResult:
         """One streamed chat completion, read as raw SSE lines so `[DONE]` can be checked."""
@@ -888,6 +1192,10 @@ def run_checks(smoke: Smoke, report: Report, emit: Callable[[str], None]) -> Non
         ("concurrency", lambda: smoke.check_concurrency(report)),
         ("auth", smoke.check_auth),
     ]
+    if smoke.s.tools:
+        steps += [("tools", smoke.check_tools), ("tools_stream", smoke.check_tools_stream)]
+    if smoke.s.reasoning:
+        steps.append(("reasoning", smoke.check_reasoning))
     for name, _ in steps:
         report.checks[name] = Check(name)
     for name, step in steps:

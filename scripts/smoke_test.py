@@ -11,6 +11,19 @@ Checks, in order (each one request unless said otherwise):
   auth             with an API key: GET /v1/models without a key (raw HTTP) and a chat
                    completion with a wrong key (openai client) both get HTTP 401; skipped
                    without a key
+Optional checks (off unless asked for; with random weights they pass too, since no check needs
+the model to call a tool):
+  tools            (--tools) a chat completion declaring a function tool (tool_choice auto) is
+                   accepted (a server without a tool parser answers HTTP 400) and its reply
+                   parses; a tool call, if the model made one, names the declared tool and its
+                   arguments are a JSON object matching the tool's schema
+  tools_stream     (--tools) the same request streamed: the tool-call deltas rebuild into calls
+                   that pass the same checks, no error event, finish_reason, `data: [DONE]`
+  reasoning        (--reasoning) a chat completion's reasoning, when the server returns one, is
+                   a string field apart from content
+  In all three, a reply that ended by itself (finish_reason stop or tool_calls) must hold no
+  parser markup: GLM's <tool_call>/<arg_key> tags or <think> tags left in the text mean the
+  server's tool or reasoning parser is off or the wrong one.
 When /v1/models fails (server down, wrong key, model not listed) the rest are skipped.
 
 Prints a table (check, result, detail; TTFT p50/p95 over every streamed request, output
@@ -63,6 +76,8 @@ examples:
       --json smoke.json
   # a named model on a server without a key, slow first requests allowed
   python scripts/smoke_test.py --model glm-5 --timeout 300
+  # also the tool-call (plain and streamed) and reasoning checks of the parsers
+  VLLM_API_KEY=$(cat key) python scripts/smoke_test.py --tools --reasoning --max-tokens 256
 """
 
 
@@ -136,6 +151,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--json", type=Path, metavar="FILE", help="also write the report as JSON to FILE"
     )
+    p.add_argument(
+        "--tools",
+        action="store_true",
+        help="also run the tools and tools_stream checks (a function-tool request, plain and "
+        "streamed; default: off)",
+    )
+    p.add_argument(
+        "--reasoning",
+        action="store_true",
+        help="also run the reasoning check (reasoning content apart from the answer; default: off)",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug output and tracebacks")
     return p
 
@@ -177,6 +203,8 @@ def main(argv: list[str] | None = None) -> int:
         concurrency=args.concurrency,
         max_tokens=args.max_tokens,
         timeout=args.timeout,
+        tools=args.tools,
+        reasoning=args.reasoning,
     )
     smoke = Smoke(settings, redactor)
     try:

@@ -23,13 +23,13 @@ Exit: 0 ok, 1 check failed / refused / patch failure / unsupported version / I/O
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import sys
 import sysconfig
 from pathlib import Path
 
+import cli_args
 import patchset as ps
 import safe_files
 
@@ -139,34 +139,24 @@ def _run_locked(command: str, site: Path, patches_root: Path, version: str) -> d
         else:
             ps.transform(series, site, series.files, reverse=True)  # reverses to pristine bytes
             report.update(ok=True, message=f"vLLM {version}: all {len(files)} files patched")
-    elif command == "apply":
-        todo = by_state.get(ps.PRISTINE, [])
+    elif command in ("apply", "revert"):
+        forward = command == "apply"
+        source, target = (ps.PRISTINE, ps.PATCHED) if forward else (ps.PATCHED, ps.PRISTINE)
+        todo = by_state.get(source, [])
         if drifted:
+            why = " (another vLLM build or local edits; reinstall vllm, then apply)"
             report.update(
                 ok=False,
-                message="refusing to patch; these files match neither MANIFEST hash (another "
-                "vLLM build or local edits; reinstall vllm, then apply): " + ", ".join(drifted),
+                message=f"refusing to {'patch' if forward else 'revert'}; these files match "
+                f"neither MANIFEST hash{why if forward else ''}: " + ", ".join(drifted),
             )
         elif not todo:
-            report.update(ok=True, message=f"already patched: all {len(files)} files, no change")
+            report.update(ok=True, message=f"already {target}: all {len(files)} files, no change")
         else:
-            ps.install(site, ps.transform(series, site, todo, reverse=False))
-            report.update(ok=True, changed=True, state=ps.PATCHED)
-            report["message"] = f"patched {len(todo)} files: " + ", ".join(todo)
-    elif command == "revert":
-        todo = by_state.get(ps.PATCHED, [])
-        if drifted:
-            report.update(
-                ok=False,
-                message="refusing to revert; these files match neither MANIFEST hash: "
-                + ", ".join(drifted),
-            )
-        elif not todo:
-            report.update(ok=True, message=f"already pristine: all {len(files)} files, no change")
-        else:
-            ps.install(site, ps.transform(series, site, todo, reverse=True))
-            report.update(ok=True, changed=True, state=ps.PRISTINE)
-            report["message"] = f"reverted {len(todo)} files: " + ", ".join(todo)
+            ps.install(site, ps.transform(series, site, todo, reverse=not forward))
+            report.update(ok=True, changed=True, state=target)
+            verb = "patched" if forward else "reverted"
+            report["message"] = f"{verb} {len(todo)} files: " + ", ".join(todo)
     if report["changed"]:
         for f in report["files"]:
             f["state"], f["sha256"] = ps.file_state(series, site, f["path"])
@@ -188,11 +178,7 @@ def print_text(report: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli_args.parser(__doc__, EXAMPLES)
     p.add_argument(
         "command",
         choices=["status", "verify", "apply", "revert", "manifest"],

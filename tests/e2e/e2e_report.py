@@ -1,7 +1,8 @@
 """Summarise an end-to-end run (tests/e2e/pipeline.sh) into OUT/summary.json and a short text.
 
 Reads WORK/steps.tsv (one block per pipeline invocation: step, status, seconds), OUT/failures.json
-(tests/e2e/repro_failures.py), OUT/smoke.json (scripts/smoke_test.py) and WORK/logs/health.log.
+(tests/e2e/repro_failures.py), OUT/smoke.json (scripts/smoke_test.py), OUT/routes.json
+(tests/e2e/route_check.py) and WORK/logs/health.log.
 Only the standard library: it runs with any python3.
 
     python tests/e2e/e2e_report.py --work /tmp/e2e --out $OUT
@@ -53,12 +54,17 @@ def main(argv: list[str] | None = None) -> int:
             latest[s["name"]] = {"status": s["status"], "seconds": s["seconds"]}
     failures = load_json(args.out / "failures.json")
     smoke = load_json(args.out / "smoke.json")
+    routes = load_json(args.out / "routes.json")
+    if isinstance(routes, dict):  # the verdict; routes.json itself keeps every route's statuses
+        keep = ("passed", "routes_checked", "routes_listed", "requests", "open", "error")
+        routes = {k: routes[k] for k in keep if k in routes}
     health = args.work / "logs" / "health.log"
     summary = {
         "invocations": invocations,
         "latest": latest,
         "failures": failures,
         "smoke": smoke,
+        "routes": routes,
         "server_highlights": health.read_text().splitlines() if health.is_file() else [],
     }
     args.out.mkdir(parents=True, exist_ok=True)
@@ -74,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             mark = "ok " if c.get("as_expected") else "BAD"
             msg = (c.get("message") or "no error").replace("\n", " ")
             print(f"  repro {mark} {c['name']}: {c.get('error_type')}: {msg[:300]}")
+    if routes is not None:
+        print("  routes:", json.dumps(routes)[:600])
     if smoke is not None:
         print("  smoke:", json.dumps(smoke)[:1500])
     return 0

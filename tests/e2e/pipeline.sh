@@ -15,10 +15,18 @@
 #   serve    vllm serve MERGED --hf-config-path CKPT --tokenizer CKPT --dtype float16
 #            --attention-backend CUSTOM --api-key KEY, CUDA graphs on, in the background
 #   health   wait (bounded) for /health
+#   routes   tests/e2e/route_check.py: every route of the real app (its /openapi.json) answers 401
+#            without the key and with a wrong one, /health and /ping 200 -> $OUT/routes.json
 #   smoke    scripts/smoke_test.py against the server -> $OUT/smoke.json
 #   backends scripts/probe_backends.py (capability detected, and 12.0), after the server has
 #            started: a second CUDA process during vLLM's memory profiling can fail its start
 #   stop     stop the server
+# Steps outside `all`, named explicitly:
+#   indexshare  tests/e2e/index_share_check.py (GENERATION=5.2, TOPK_DUMP=N at serve): the shared
+#               layers' top-k rows equal the last full layer's; greedy tokens + prompt logprobs
+#               for the reference comparison -> $OUT/index_share.json, capture.json, topk.pt
+#   tools       tests/e2e/tool_check.py (SERVE_EXTRA with the GLM parsers, CHAT_TEMPLATE):
+#               tool-call and thinking requests, streamed and not -> $OUT/tools.json
 # Every invocation ends with a report: $OUT/summary.json (step times and statuses, failure
 # messages, smoke figures), $OUT/server.log, $OUT/logs.tgz (every log), at most 8 files.
 #
@@ -29,11 +37,16 @@
 #   CKPT_BUILDER (e2e|proof), INDEXER (auto|triton|deepgemm: the plugin's sparse_mla_indexer,
 #   sent as --additional-config), OUTTYPE (q8_0), SPLIT_TENSORS (20), SERVE_EXTRA (extra
 #   serve flags), SMOKE_ARGS, SMOKE_BASE_URL (http://127.0.0.1:$PORT/v1), PLUGIN_INSTALL
-#   (a command replacing the pip install of ./backend).
+#   (a command replacing the pip install of ./backend), GENERATION (5|5.1|5.2: tiny_glm5.py
+#   --generation), LAYERS (trunk layers; 7 for 5.2, so layers 3-5 are shared), TOPK_DUMP (N: the
+#   server saves each layer's top-k rows of an N-token forward, VLLM_SPARSE_MLA_DUMP_TOPK),
+#   CHAT_TEMPLATE (glm47 or a .jinja path: tests/support/glm_chat.py adds GLM's tool/think tokens
+#   and the template to the HF dir before serving).
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
 set -uo pipefail
 
-STEPS=(ckpt convert merge repro patch serve health smoke backends stop)
+STEPS=(ckpt convert merge repro patch serve health routes smoke backends stop)
+EXTRA_STEPS=(indexshare tools)   # not in `all`
 CRITICAL=" ckpt convert merge patch serve health "   # a failure here skips the later steps
 
 usage() { sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -44,8 +57,8 @@ for a in "$@"; do
     --dry-run) DRY_RUN=1 ;;
     -h|--help) usage; exit 0 ;;
     all) selected+=("${STEPS[@]}") ;;
-    *) if [[ " ${STEPS[*]} " == *" $a "* ]]; then selected+=("$a")
-       else echo "error: unknown step '$a' (steps: ${STEPS[*]} all)" >&2; exit 2; fi ;;
+    *) if [[ " ${STEPS[*]} ${EXTRA_STEPS[*]} " == *" $a "* ]]; then selected+=("$a")
+       else echo "error: unknown step '$a' (steps: ${STEPS[*]} ${EXTRA_STEPS[*]} all)" >&2; exit 2; fi ;;
   esac
 done
 [ ${#selected[@]} -gt 0 ] || { echo "error: name a step or 'all' (steps: ${STEPS[*]})" >&2; exit 2; }
@@ -69,6 +82,12 @@ INDEXER=${INDEXER:-auto}
 SMOKE_ARGS=${SMOKE_ARGS:---requests 16 --concurrency 8 --max-tokens 64}
 SMOKE_BASE_URL=${SMOKE_BASE_URL:-http://127.0.0.1:$PORT/v1}
 MODEL_NAME=${MODEL_NAME:-glm5-tiny}
+GENERATION=${GENERATION:-5}
+LAYERS=${LAYERS:-}
+[ -n "$LAYERS" ] || [ "$GENERATION" != 5.2 ] || LAYERS=7
+TOPK_DUMP=${TOPK_DUMP:-}
+CHAT_TEMPLATE=${CHAT_TEMPLATE:-}
+[ "$CHAT_TEMPLATE" != glm47 ] || CHAT_TEMPLATE=$REPO/tests/support/templates/glm47.jinja
 CKPT=$WORK/ckpt
 GGUF_DIR=$WORK/gguf
 STEM=tiny-glm5-${OUTTYPE^^}
@@ -110,10 +129,13 @@ step_ckpt() {
   x rm -rf "$CKPT"
   local flavor=--serve
   if [ "$CKPT_BUILDER" = proof ]; then flavor=--mtp-layers=1; fi
+  local gen=()
+  [ "$GENERATION" = 5 ] || gen+=(--generation "$GENERATION")
+  [ -z "$LAYERS" ] || gen+=(--layers "$LAYERS")
   # tests/ holds the builder package (support); $PYTHONPATH the staged torch/tokenizers.
   xl ckpt.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.tiny_glm5 \
-    --out "$CKPT" --seed 0 "$flavor" || return 1
-  [ "$DRY_RUN" = 1 ] || ls -la "$CKPT" | tee -a "$LOGS/ckpt.log"
+    --out "$CKPT" --seed 0 "$flavor" "${gen[@]}" || return 1
+  [ "$DRY_RUN" = 1 ] || { ls -la "$CKPT"; sha256sum "$CKPT/model.safetensors"; } | tee -a "$LOGS/ckpt.log"
 }
 
 step_convert() {
@@ -186,6 +208,14 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
     --max-num-seqs 32 --gpu-memory-utilization 0.3)
   # shellcheck disable=SC2206  # SERVE_EXTRA is a list of flags
   cmd+=(--additional-config "{\"sparse_mla_indexer\": \"$INDEXER\"}" $SERVE_EXTRA)
+  if [ -n "$TOPK_DUMP" ]; then   # the plugin's debug dump, for the indexshare step
+    x rm -rf "$WORK/topk"
+    cmd=(env "VLLM_SPARSE_MLA_DUMP_TOPK=$WORK/topk:$TOPK_DUMP" "${cmd[@]}")
+  fi
+  if [ -n "$CHAT_TEMPLATE" ]; then   # GLM's tool/think tokens + template, in the HF dir only
+    xl serve.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.glm_chat --hf-dir "$CKPT" \
+      --template "$CHAT_TEMPLATE" || return 1
+  fi
   printf '+ setsid'; printf ' %q' "${cmd[@]}"; printf ' > %s 2>&1 &\n' "$LOGS/server.log"
   [ "$DRY_RUN" = 1 ] && return 0
   date +%s > "$WORK/server.started"
@@ -234,6 +264,26 @@ sys.exit(0 if urllib.request.urlopen(sys.argv[1], timeout=2).status == 200 else 
   echo "healthy $(( $(date +%s) - started )) s after launch" | tee "$LOGS/health.log"
   grep -E "attention backend|Using .*[Bb]ackend|CUSTOM|[Cc]uda ?[Gg]raph|[Gg]raph capturing|torch.compile|Compil|KV cache|Loading weights|Model loading took|\[gguf" \
     "$LOGS/server.log" | head -n 60 | tee -a "$LOGS/health.log"
+}
+
+step_routes() {
+  [ "$DRY_RUN" = 1 ] || api_key > /dev/null   # the key file exists before the checker reads it
+  xl routes.log env PYTHONPATH="tests:scripts:$PYTHONPATH" "$PY" -m e2e.route_check \
+    --base-url "http://127.0.0.1:$PORT" --api-key-file "$WORK/api_key" --json "$OUT/routes.json"
+}
+
+step_indexshare() {
+  if [ -z "$TOPK_DUMP" ]; then say "error: indexshare needs TOPK_DUMP=N (set for serve too)"; return 1; fi
+  xl indexshare.log env PYTHONPATH="tests:scripts:$PYTHONPATH" "$PY" -m e2e.index_share_check \
+    --base-url "http://127.0.0.1:$PORT" --api-key-file "$WORK/api_key" --model "$MODEL_NAME" \
+    --hf-dir "$CKPT" --dump-dir "$WORK/topk" --tokens "$TOPK_DUMP" --json "$OUT/index_share.json" \
+    --capture "$OUT/capture.json" --topk-out "$OUT/topk.pt"
+}
+
+step_tools() {
+  xl tools.log env PYTHONPATH="tests:scripts:$PYTHONPATH" "$PY" -m e2e.tool_check \
+    --base-url "http://127.0.0.1:$PORT" --api-key-file "$WORK/api_key" --model "$MODEL_NAME" \
+    --server-log "$LOGS/server.log" --json "$OUT/tools.json"
 }
 
 step_smoke() {

@@ -25,7 +25,8 @@ REPO = HERE.parents[1]
 PIPELINE = HERE / "pipeline.sh"
 DEVICE_STAGE = HERE / "device_stage.sh"
 STEPS = [
-    "ckpt", "convert", "merge", "repro", "patch", "serve", "health", "smoke", "backends", "stop"
+    "ckpt", "convert", "merge", "repro", "patch", "serve", "health", "routes", "smoke", "backends",
+    "stop",
 ]  # fmt: skip
 
 
@@ -83,6 +84,9 @@ def test_dry_run_shows_the_fixed_interfaces(tmp_path: Path) -> None:
     assert "--base-url http://127.0.0.1:8000/v1 --api-key KEY" in smoke
     assert f"--json {tmp_path}/out/smoke.json" in smoke
     assert "scripts/probe_backends.py --capability 12.0 --dtype float16" in out
+    routes = next(line for line in out.splitlines() if "-m e2e.route_check" in line)
+    assert f"--base-url http://127.0.0.1:8000 --api-key-file {work}/api_key" in routes
+    assert f"--json {tmp_path}/out/routes.json" in routes
 
 
 def test_dry_run_of_chosen_steps_keeps_their_order(tmp_path: Path) -> None:
@@ -185,6 +189,8 @@ def test_report_summarises_steps_failures_and_smoke(tmp_path: Path) -> None:
     case["message"] = "No valid attention backend found for cuda"
     (out / "failures.json").write_text(json.dumps({"cases": [case]}))
     (out / "smoke.json").write_text(json.dumps({"ok": True}))
+    routes = {"passed": False, "routes_checked": 60, "open": ["POST /invocations"], "results": []}
+    (out / "routes.json").write_text(json.dumps(routes))
     (work / "logs" / "health.log").write_text("healthy 61 s after launch\n")
     r = run([sys.executable, str(HERE / "e2e_report.py"), "--work", str(work), "--out", str(out)])
     assert r.returncode == 0, r.stderr
@@ -195,6 +201,12 @@ def test_report_summarises_steps_failures_and_smoke(tmp_path: Path) -> None:
         "convert": {"status": "ok", "seconds": 20.0},
     }
     assert summary["smoke"] == {"ok": True}
+    assert summary["routes"] == {
+        "passed": False,
+        "routes_checked": 60,
+        "open": ["POST /invocations"],
+    }
+    assert 'routes: {"passed": false, "routes_checked": 60' in r.stdout
     assert summary["server_highlights"] == ["healthy 61 s after launch"]
     assert "repro ok  backend: ValueError: No valid attention backend found" in r.stdout
 
@@ -209,3 +221,30 @@ def test_convert_wrapper_needs_converter_arguments(tmp_path: Path) -> None:
         (tmp_path / "convert_hf_to_gguf.py").write_text("")
         r = run(convert, env=tests_path)
         assert r.returncode == 2 and "give the converter's arguments after --" in r.stderr
+
+
+def test_dry_run_of_the_glm52_and_tools_steps(tmp_path: Path) -> None:
+    env = {"WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "PY": "python3",
+           "GENERATION": "5.2", "TOPK_DUMP": "301", "CHAT_TEMPLATE": "glm47"}  # fmt: skip
+    steps = ["ckpt", "serve", "health", "indexshare", "tools", "stop"]
+    r = run(["bash", str(PIPELINE), "--dry-run", *steps], env=env)
+    assert r.returncode == 0, r.stderr
+    order = [line.split()[-1] for line in r.stdout.splitlines() if line.startswith("== step ")]
+    assert order == steps
+    work = tmp_path / "work"
+    assert f"--out {work}/ckpt --seed 0 --serve --generation 5.2 --layers 7" in r.stdout
+    serve = next(line for line in r.stdout.splitlines() if line.startswith("+ setsid"))
+    assert serve.startswith(f"+ setsid env VLLM_SPARSE_MLA_DUMP_TOPK={work}/topk:301 python3 -m")
+    assert f"-m support.glm_chat --hf-dir {work}/ckpt --template {REPO}/tests/support/" in r.stdout
+    assert f"--dump-dir {work}/topk --tokens 301 --json {tmp_path}/out/index_share.json" in r.stdout
+    assert f"-m e2e.tool_check --base-url http://127.0.0.1:8000 --api-key-file {work}/api_key" in (
+        r.stdout
+    )
+    assert "all" not in order and "indexshare" not in dry_run(tmp_path, "all").stdout
+
+
+def test_indexshare_without_topk_dump_fails(tmp_path: Path) -> None:
+    env = {"WORK": str(tmp_path / "work"), "OUT": str(tmp_path / "out"), "PY": "python3"}
+    r = run(["bash", str(PIPELINE), "--dry-run", "indexshare"], env=env)
+    assert r.returncode == 1
+    assert "error: indexshare needs TOPK_DUMP=N (set for serve too)" in r.stdout

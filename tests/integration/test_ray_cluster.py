@@ -24,8 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from support import nspawn_targets
-from support.ray_nspawn import UNIT, Cluster, changed, ray_venv, recap
+from support.ray_nspawn import UNIT, Cluster, changed, cluster_of, ray_venv, recap
 
 REPO = Path(__file__).resolve().parents[2]
 ROLE = REPO / "playbooks/roles/ray_cluster"
@@ -75,15 +74,8 @@ def test_port_probe_reports_refused_port_by_name() -> None:
 # --- The hosts ----------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    reason = nspawn_targets.host_requirements()
-    if reason:
-        pytest.skip(reason)
-    venv = ray_venv()
-    with nspawn_targets.targets() as t:
-        nodes = {h: t.add(h, binds=(str(venv),)) for h in HOSTS}
-        yield Cluster(t, nodes, HOSTS)
-        left = t
-    assert left.leftovers() == []
+    with cluster_of(HOSTS, HOSTS) as c:
+        yield c
 
 
 def _ip(c: Cluster, host: str) -> str:

@@ -8,13 +8,11 @@ Ray, its venv and what is switched off: tests/support/ray_nspawn.py.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 from collections.abc import Iterator
 
 import pytest
-from support import nspawn_targets
-from support.ray_nspawn import ROLE, UNIT, Cluster, changed, connect, ray_venv, recap
+from support.ray_nspawn import ROLE, UNIT, Cluster, changed, cluster_of, connect, recap
 
 pytestmark = pytest.mark.slow
 
@@ -24,26 +22,19 @@ OUTSIDER = "outsider"
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    reason = nspawn_targets.host_requirements()
-    if reason:
-        pytest.skip(reason)
-    venv = ray_venv()
-    with nspawn_targets.targets() as t:
-        nodes = {n: t.add(n, binds=(str(venv),)) for n in [*MEMBERS, OUTSIDER]}
-        c = Cluster(t, nodes, MEMBERS)
+    with cluster_of([*MEMBERS, OUTSIDER], MEMBERS) as c:
         proc = c.playbook()
         assert proc.returncode == 0, proc.stdout[-6000:]
         c.converge = proc  # type: ignore[attr-defined]
         yield c
-        left = t
-    assert left.leftovers() == []
 
 
 def test_public_address_filter() -> None:
-    spec = importlib.util.spec_from_file_location("f", ROLE / "filter_plugins/ray_cluster_net.py")
-    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
-    spec.loader.exec_module(module)  # type: ignore[union-attr]
-    public = module.ray_cluster_is_public
+    # through Ansible's own filter loader, as a play finds it
+    from ansible.plugins.loader import filter_loader
+
+    filter_loader.add_directory(str(ROLE / "filter_plugins"))
+    public = filter_loader.get("ray_cluster_is_public").j2_function
     assert public("8.8.8.8") and public("2001:4860:4860::8888")
     for private in ("10.0.0.5", "172.16.3.4", "192.168.1.2", "100.64.0.1", "127.0.0.1",
                     "169.254.1.1", "192.0.2.10", "fd00::1", "fe80::1", "", "gpu01"):  # fmt: skip

@@ -81,7 +81,29 @@ def test_healthy_endpoint_passes_with_the_request_timeout_passed_on(tmp_path: Pa
     report = json.loads((tmp_path / "smoke.json").read_text())
     assert report["passed"] is True
     assert report["settings"]["timeout_s"] == 17.0
-    assert "result              PASS (6/6 checks passed, 0 skipped)" in output
+    assert "result              PASS (9/9 checks passed, 0 skipped)" in output  # parsers on
+    assert list(report["checks"])[-3:] == ["tools", "tools_stream", "reasoning"]
+
+
+def test_parser_checks_off_and_a_refused_tool_request(tmp_path: Path) -> None:
+    """Off: the six base checks only. On against a server without a tool parser: the play fails
+    with the client's reason (vLLM's HTTP 400), key redacted."""
+    behaviour = Behaviour(models=["glm-5"], api_key=KEY, tools_refused=True)
+    with FakeOpenAIServer(behaviour) as server:
+        rc, output, _ = _run_role(
+            tmp_path, server.base_url, vllm_smoke_tools=False, vllm_smoke_reasoning=False
+        )
+        assert rc == 0, output[-4000:]
+        assert "result              PASS (6/6 checks passed, 0 skipped)" in output
+        assert not [b for b in server.bodies if b.get("tools")]
+        (tmp_path / "on").mkdir()
+        rc, output, _ = _run_role(tmp_path / "on", server.base_url)
+    assert rc == 2, output[-4000:]
+    assert (
+        f"error: tools: HTTP 400 from POST {server.base_url}/chat/completions: "
+        '\\"auto\\" tool choice requires --enable-auto-tool-choice'
+    ) in output
+    assert KEY not in output
 
 
 def test_hung_endpoint_fails_the_play_within_the_task_timeout(tmp_path: Path) -> None:

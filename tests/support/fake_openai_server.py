@@ -3,7 +3,11 @@
 Real HTTP/1.1 over a real socket (standard library `ThreadingHTTPServer`), real server-sent
 events with chunked transfer encoding, the way vLLM's server streams. It serves
 `GET /v1/models`, `POST /v1/completions` and `POST /v1/chat/completions` (streamed or not),
-enforces a bearer key when given one, and misbehaves on request: see `Behaviour`.
+enforces a bearer key when given one, and misbehaves on request: see `Behaviour`. Like vLLM
+with its tool and reasoning parsers on, it answers a request that declares tools with the
+tool calls it is told to (`message.tool_calls`, or streamed `delta.tool_calls` with the id and
+name first and the arguments in pieces) and sends reasoning apart from content, or refuses
+tools as vLLM does without --enable-auto-tool-choice.
 
 Used in-process by the tests (`FakeOpenAIServer` is a context manager that serves from a
 thread on 127.0.0.1:<ephemeral port>); it also runs standalone for trying the client by hand:
@@ -49,6 +53,24 @@ class Behaviour:
     sleep_s: float = 0.0  # before answering any /v1 request (for client timeouts)
     status_for: dict[str, int] = field(default_factory=dict)  # path -> forced HTTP error status
     fail_chat_requests: set[int] = field(default_factory=set)  # 1-based chat request numbers: 503
+    # Tool calls made when a request declares tools: {"name": str, "arguments": str} each (any
+    # JSON value goes through as given, to test malformed replies).
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_argument_pieces: int = 3  # streamed: the arguments string in this many deltas
+    raw_tool_calls: Any = None  # not None: sent verbatim as message.tool_calls
+    raw_tool_call_deltas: list[Any] | None = None  # sent verbatim, one delta.tool_calls each
+    tools_refused: bool = False  # HTTP 400 as vLLM without --enable-auto-tool-choice
+    chat_finish_reason: str | None = None  # None: tool_calls after a call, else length
+    # Streamed reasoning, sent before the content pieces in `reasoning_field`.
+    stream_reasoning_pieces: list[str] = field(default_factory=list)
+
+    def calls_for(self, body: dict[str, Any]) -> list[dict[str, Any]]:
+        return self.tool_calls if body.get("tools") else []
+
+    def finish_for(self, body: dict[str, Any]) -> str:
+        if self.chat_finish_reason is not None:
+            return self.chat_finish_reason
+        return "tool_calls" if self.calls_for(body) else "length"
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -107,6 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.requests.append(
                 (self.command, self.path, self.headers.get("Authorization"))
             )
+            self.server.bodies.append(self.body)
         if b.sleep_s and self.server.stopping.wait(b.sleep_s):
             return False
         if not self._authorised():
@@ -145,6 +168,10 @@ class _Handler(BaseHTTPRequestHandler):
                 number = self.server.chat_count
             if number in b.fail_chat_requests:
                 self._send_error(503, f"chat request {number} refused by the test server")
+            elif body.get("tools") and b.tools_refused:
+                # vLLM 0.23.0's words (entrypoints/serve/render/serving.py)
+                self._send_error(400, '"auto" tool choice requires --enable-auto-tool-choice '
+                                 "and --tool-call-parser to be set")  # fmt: skip
             elif body.get("stream"):
                 self._stream(body)
             else:
@@ -168,10 +195,20 @@ class _Handler(BaseHTTPRequestHandler):
         )
 
     def _chat(self, body: dict[str, Any]) -> None:
-        text = self.server.behaviour.chat_text
+        b = self.server.behaviour
+        text = b.chat_text
         message: dict[str, Any] = {"role": "assistant", "content": text or None}
-        if self.server.behaviour.chat_reasoning is not None:
-            message[self.server.behaviour.reasoning_field] = self.server.behaviour.chat_reasoning
+        if b.chat_reasoning is not None:
+            message[b.reasoning_field] = b.chat_reasoning
+        calls = [
+            {"id": f"chatcmpl-tool-{i}", "type": "function",
+             "function": {"name": c["name"], "arguments": c["arguments"]}}
+            for i, c in enumerate(b.calls_for(body))
+        ]  # fmt: skip
+        if b.raw_tool_calls is not None and body.get("tools"):
+            message["tool_calls"] = b.raw_tool_calls
+        elif calls:
+            message["tool_calls"] = calls
         self._send_json(
             200,
             {
@@ -179,7 +216,7 @@ class _Handler(BaseHTTPRequestHandler):
                 "object": "chat.completion",
                 "created": int(time.time()),
                 "model": body["model"],
-                "choices": [{"index": 0, "message": message, "finish_reason": "length"}],
+                "choices": [{"index": 0, "message": message, "finish_reason": b.finish_for(body)}],
                 "usage": _usage(text),
             },
         )
@@ -201,18 +238,21 @@ class _Handler(BaseHTTPRequestHandler):
                 "model": body["model"],
             }
             pieces = ["".join(b.stream_pieces)] if b.stream == "single_chunk" else b.stream_pieces
+            deltas = [{b.reasoning_field: r} for r in b.stream_reasoning_pieces]
+            deltas += [{"content": piece} for piece in pieces]
+            deltas += [{"tool_calls": d} for d in self._tool_deltas(body)]
             delta0 = {"role": "assistant", "content": ""}
             self._event({**head, "choices": [{"index": 0, "delta": delta0, "finish_reason": None}]})
             if server.stopping.wait(b.first_chunk_delay_s):
                 return
-            for i, piece in enumerate(pieces):
+            for i, delta in enumerate(deltas):
                 if i and server.stopping.wait(b.chunk_delay_s):
                     return
-                last = i == len(pieces) - 1
-                finish = "length" if last and b.stream != "no_finish" else None
-                choice = {"index": 0, "delta": {"content": piece}, "finish_reason": finish}
+                last = i == len(deltas) - 1
+                finish = b.finish_for(body) if last and b.stream != "no_finish" else None
+                choice = {"index": 0, "delta": delta, "finish_reason": finish}
                 self._event({**head, "choices": [choice]})
-                if b.stream == "cut" and i == len(pieces) // 2:
+                if b.stream == "cut" and i == len(deltas) // 2:
                     # Drop the connection mid-body: no terminating zero-length chunk.
                     self.close_connection = True
                     return
@@ -224,6 +264,28 @@ class _Handler(BaseHTTPRequestHandler):
         finally:
             with server.lock:
                 server.in_flight -= 1
+
+    def _tool_deltas(self, body: dict[str, Any]) -> list[Any]:
+        """delta.tool_calls lists as vLLM streams them: id, type and name first, then pieces."""
+        b = self.server.behaviour
+        if not body.get("tools"):
+            return []
+        if b.raw_tool_call_deltas is not None:
+            return b.raw_tool_call_deltas
+        out: list[Any] = []
+        for i, call in enumerate(b.tool_calls):
+            head = {"index": i, "id": f"chatcmpl-tool-{i}", "type": "function",
+                    "function": {"name": call["name"], "arguments": ""}}  # fmt: skip
+            out.append([head])
+            args = call["arguments"]
+            if not isinstance(args, str):  # malformed on purpose: one delta, as given
+                out.append([{"index": i, "function": {"arguments": args}}])
+                continue
+            step = max(1, -(-len(args) // max(1, b.tool_argument_pieces)))
+            for start in range(0, len(args), step):
+                piece = args[start : start + step]
+                out.append([{"index": i, "function": {"arguments": piece}}])
+        return out
 
 
 def _usage(text: str, tokens: int | None = None) -> dict[str, int]:
@@ -241,6 +303,7 @@ class _Server(ThreadingHTTPServer):
         self.lock = threading.Lock()
         self.stopping = threading.Event()  # wakes handlers that sleep
         self.requests: list[tuple[str, str, str | None]] = []
+        self.bodies: list[dict[str, Any]] = []
         self.chat_count = 0
         self.in_flight = 0
         self.max_in_flight = 0
@@ -280,6 +343,12 @@ class FakeOpenAIServer:
         """(method, path, Authorization header) of every request received, in order."""
         with self._server.lock:
             return list(self._server.requests)
+
+    @property
+    def bodies(self) -> list[dict[str, Any]]:
+        """The JSON body of every request received, in order ({} for a GET)."""
+        with self._server.lock:
+            return list(self._server.bodies)
 
     @property
     def errors(self) -> list[str]:

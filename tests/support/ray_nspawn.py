@@ -14,10 +14,13 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
+from support import nspawn_targets
 from support.deploy import REPO, VENV_BIN
 from support.nspawn_targets import Node, Targets
 
@@ -99,6 +102,23 @@ class Cluster:
         return subprocess.run(
             [str(c) for c in cmd], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
         )
+
+
+@contextmanager
+def cluster_of(names: list[str], members: list[str]) -> Iterator[Cluster]:
+    """Real-systemd nspawn nodes NAMES sharing the Ray venv, MEMBERS of them in the inventory;
+    skips the test where the host cannot run them, and checks nothing is left behind."""
+    reason = nspawn_targets.host_requirements()
+    if reason:
+        import pytest
+
+        pytest.skip(reason)
+    venv = ray_venv()
+    with nspawn_targets.targets() as t:
+        nodes = {n: t.add(n, binds=(str(venv),)) for n in names}
+        yield Cluster(t, nodes, members)
+        left = t
+    assert left.leftovers() == []
 
 
 def recap(out: str) -> dict[str, dict[str, int]]:

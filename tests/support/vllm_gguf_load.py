@@ -20,6 +20,8 @@ import json
 import logging
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -53,6 +55,45 @@ def simulate_cpu_platform() -> None:
     from vllm.v1.worker.workspace import init_workspace_manager
 
     init_workspace_manager(torch.device("cpu"))
+
+
+def model_config(gguf_path: str, hf_dir: str, dtype: str = "float16"):
+    """vLLM's ModelConfig for the GGUF with HF_DIR as --hf-config-path and tokenizer."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    return EngineArgs(
+        model=gguf_path, hf_config_path=hf_dir, tokenizer=hf_dir, dtype=dtype,
+        max_model_len=256, enforce_eager=True,
+    ).create_model_config()  # fmt: skip
+
+
+@contextmanager
+def loaded_on_cpu(mc) -> Iterator[tuple]:
+    """vLLM's real GGUF loader builds and fills the model on the CPU platform (call
+    simulate_cpu_platform() first). Yields (model, vllm_config, loader, records) inside the
+    current-config context, where the model's own methods may be called."""
+    from vllm.config import DeviceConfig, LoadConfig, VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
+    from vllm.model_executor.model_loader.weight_utils import get_quant_config
+
+    load_config = LoadConfig(load_format="gguf")
+    vc = VllmConfig(
+        model_config=mc,
+        device_config=DeviceConfig(device="cpu"),
+        load_config=load_config,
+        quant_config=get_quant_config(mc, load_config),
+    )
+    records = Records()
+    logging.getLogger("vllm").addHandler(records)
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo",
+            distributed_init_method="tcp://127.0.0.1:0",
+        )  # fmt: skip
+        initialize_model_parallel(1, 1)
+        loader = GGUFModelLoader(load_config)
+        yield loader.load_model(vc, mc), vc, loader, records
 
 
 def common(gguf_path: str, hf_dir: str, out: dict) -> None:
@@ -114,40 +155,13 @@ def patched(gguf_path: str, hf_dir: str, out: dict) -> None:
     from safetensors import safe_open
 
     simulate_cpu_platform()
-    from vllm.config import DeviceConfig, LoadConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
-    from vllm.model_executor.model_loader.weight_utils import get_quant_config
-
     common(gguf_path, hf_dir, out)
-
-    def model_config(dtype: str):
-        return EngineArgs(
-            model=gguf_path, hf_config_path=hf_dir, tokenizer=hf_dir, dtype=dtype,
-            max_model_len=256, enforce_eager=True,
-        ).create_model_config()  # fmt: skip
-
-    out["dtype_errors"] = {d: error_of(lambda d=d: model_config(d)) for d in ("auto", "bfloat16")}
-    mc = model_config("float16")
+    out["dtype_errors"] = {
+        d: error_of(lambda d=d: model_config(gguf_path, hf_dir, d)) for d in ("auto", "bfloat16")
+    }
+    mc = model_config(gguf_path, hf_dir)
     out["dtype"] = str(mc.dtype)
-    load_config = LoadConfig(load_format="gguf")
-    vc = VllmConfig(
-        model_config=mc,
-        device_config=DeviceConfig(device="cpu"),
-        load_config=load_config,
-        quant_config=get_quant_config(mc, load_config),
-    )
-    records = Records()
-    logging.getLogger("vllm").addHandler(records)
-    with set_current_vllm_config(vc):
-        init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
-            distributed_init_method="tcp://127.0.0.1:0",
-        )  # fmt: skip
-        initialize_model_parallel(1, 1)
-        loader = GGUFModelLoader(load_config)
-        model = loader.load_model(vc, mc)
+    with loaded_on_cpu(mc) as (model, _, loader, records):
         out["model_class"] = type(model).__name__
         out["skip_logs"] = [m for _, m in records.messages if "MTP/nextn" in m]
 
@@ -295,18 +309,24 @@ def kv_b_low_bit(kv_b, n_head: int) -> dict:
     }
 
 
-def main(argv: list[str]) -> int:
-    mode, gguf_path, hf_dir, out_path = argv
-    out: dict = {"mode": mode}
+def write_report(out_path: str, run, *args, **out) -> int:
+    """RUN(*ARGS, out) fills OUT (started with OUT's keywords and the vllm/ imported); OUT is
+    written to OUT_PATH as JSON, a crash included as its traceback: the parent asserts on it."""
     import vllm
 
     out["vllm_file"] = vllm.__file__
     try:
-        {"pristine": pristine, "patched": patched}[mode](gguf_path, hf_dir, out)
+        run(*args, out)
     except Exception:
         out["crash"] = traceback.format_exc()
     Path(out_path).write_text(json.dumps(out, indent=1))
     return 0
+
+
+def main(argv: list[str]) -> int:
+    mode, gguf_path, hf_dir, out_path = argv
+    run = {"pristine": pristine, "patched": patched}[mode]
+    return write_report(out_path, run, gguf_path, hf_dir, mode=mode)
 
 
 if __name__ == "__main__":

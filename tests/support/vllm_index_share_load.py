@@ -14,13 +14,16 @@ GLM-5.2 files are), checked against HF_DIR by its indexer tensors alone.
 
 from __future__ import annotations
 
-import json
-import logging
 import sys
-import traceback
 from pathlib import Path
 
-from vllm_gguf_load import Records, error_of, simulate_cpu_platform
+from vllm_gguf_load import (
+    error_of,
+    loaded_on_cpu,
+    model_config,
+    simulate_cpu_platform,
+    write_report,
+)
 
 
 def layer_wiring(model, n_layers: int) -> list[dict]:
@@ -52,39 +55,11 @@ def run(gguf_path: str, hf_dir: str, other_hf_dir: str, keyless: str | None, out
     from safetensors import safe_open
 
     simulate_cpu_platform()
-    from vllm.config import DeviceConfig, LoadConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
-    from vllm.model_executor.model_loader.weight_utils import get_quant_config
-
-    def model_config(hf: str):
-        return EngineArgs(
-            model=gguf_path, hf_config_path=hf, tokenizer=hf, dtype="float16",
-            max_model_len=256, enforce_eager=True,
-        ).create_model_config()  # fmt: skip
-
     field = gguf.GGUFReader(gguf_path).get_field("glm-dsa.attention.indexer.types")
     out["gguf_indexer_types"] = None if field is None else [bool(v) for v in field.contents()]
 
-    mc = model_config(hf_dir)
-    load_config = LoadConfig(load_format="gguf")
-    vc = VllmConfig(
-        model_config=mc,
-        device_config=DeviceConfig(device="cpu"),
-        load_config=load_config,
-        quant_config=get_quant_config(mc, load_config),
-    )
-    records = Records()
-    logging.getLogger("vllm").addHandler(records)
-    with set_current_vllm_config(vc):
-        init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
-            distributed_init_method="tcp://127.0.0.1:0",
-        )  # fmt: skip
-        initialize_model_parallel(1, 1)
-        loader = GGUFModelLoader(load_config)
-        model = loader.load_model(vc, mc)
+    mc = model_config(gguf_path, hf_dir)
+    with loaded_on_cpu(mc) as (model, vc, loader, records):
         out["model_class"] = type(model).__name__
         out["index_share_logs"] = [m for _, m in records.messages if m.startswith("IndexShare")]
         n_layers = mc.hf_config.num_hidden_layers
@@ -116,7 +91,7 @@ def run(gguf_path: str, hf_dir: str, other_hf_dir: str, keyless: str | None, out
 
         # A GGUF and an HF config of different generations: refused before loading (0008).
         out["other_config_error"] = error_of(
-            lambda: loader._check_index_share(model_config(other_hf_dir), gguf_path)
+            lambda: loader._check_index_share(model_config(gguf_path, other_hf_dir), gguf_path)
         )
         if keyless is not None:
             out["keyless_check"] = error_of(lambda: loader._check_index_share(mc, keyless))
@@ -139,16 +114,8 @@ def run(gguf_path: str, hf_dir: str, other_hf_dir: str, keyless: str | None, out
 
 def main(argv: list[str]) -> int:
     gguf_path, hf_dir, other_hf_dir, out_path, *keyless = argv
-    out: dict = {}
-    import vllm
-
-    out["vllm_file"] = vllm.__file__
-    try:
-        run(gguf_path, hf_dir, other_hf_dir, keyless[0] if keyless else None, out)
-    except Exception:
-        out["crash"] = traceback.format_exc()
-    Path(out_path).write_text(json.dumps(out, indent=1))
-    return 0
+    keyless_path = keyless[0] if keyless else None
+    return write_report(out_path, run, gguf_path, hf_dir, other_hf_dir, keyless_path)
 
 
 if __name__ == "__main__":

@@ -66,10 +66,7 @@ def test_missing_shard(dirs, capsys):
     in_dir, out_dir = dirs
     shards = _shards(in_dir)
     shards[2].unlink()
-    _set_fails(
-        capsys, shards[0], out_dir, shards[2],
-        r"missing shard 3 of 4",
-    )  # fmt: skip
+    _set_fails(capsys, shards[0], out_dir, shards[2], r"missing shard 3 of 4")
 
 
 def test_duplicate_shard_copied_over_another(dirs, capsys):
@@ -110,10 +107,7 @@ def test_wrong_file_name_pattern(dirs, capsys, name):
 def test_shard_does_not_exist(dirs, capsys):
     in_dir, out_dir = dirs
     missing = in_dir / "x-00001-of-00002.gguf"
-    _set_fails(
-        capsys, missing, out_dir, missing,
-        r"no such file",
-    )  # fmt: skip
+    _set_fails(capsys, missing, out_dir, missing, r"no such file")
 
 
 # -- split keys --------------------------------------------------------------------------------
@@ -143,10 +137,7 @@ def _keys_with(shard: int, change):
 def test_inconsistent_split_keys(dirs, capsys, shard, change, problem):
     in_dir, out_dir = dirs
     shards = _shards(in_dir, split_keys=_keys_with(shard, change))
-    _set_fails(
-        capsys, shards[0], out_dir, shards[shard],
-        rf"{problem}",
-    )  # fmt: skip
+    _set_fails(capsys, shards[0], out_dir, shards[shard], problem)
 
 
 def test_split_tensors_count_disagrees_with_the_tensors(dirs, capsys):
@@ -188,10 +179,7 @@ def test_wrong_magic_version_or_counts(dirs, capsys, offset, data, problem):
     in_dir, out_dir = dirs
     shards = _shards(in_dir)
     _patch(shards[1], offset, data)
-    _set_fails(
-        capsys, shards[0], out_dir, shards[1],
-        rf"{problem}",
-    )  # fmt: skip
+    _set_fails(capsys, shards[0], out_dir, shards[1], problem)
 
 
 def test_truncated_last_shard(dirs, capsys):
@@ -220,10 +208,7 @@ def test_truncated_header(dirs, capsys, keep):
         else r"header truncated or corrupt: \w+ of '.*' needs \d+ bytes at offset \d+, "
         r"file has 1000"
     )
-    _set_fails(
-        capsys, shards[0], out_dir, shards[2],
-        rf"{problem}",
-    )  # fmt: skip
+    _set_fails(capsys, shards[0], out_dir, shards[2], problem)
 
 
 def test_duplicate_tensor_across_shards(dirs, capsys):
@@ -252,10 +237,7 @@ def test_bad_alignment(dirs, capsys, value, vtype, problem):
     from support.gguf_fixtures import glm_dsa_metadata
 
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", value, vtype)])
-    _set_fails(
-        capsys, shards[0], out_dir, shards[0],
-        rf"{problem}",
-    )  # fmt: skip
+    _set_fails(capsys, shards[0], out_dir, shards[0], problem)
 
 
 def test_alignment_declared_only_in_shard_one(dirs, capsys):

@@ -212,16 +212,14 @@ print("OK")
 """
 
 
-def test_impl_writes_fp8_ds_mla_rows_through_vllms_cache_update_hook(tmp_path) -> None:
+def test_impl_writes_fp8_ds_mla_rows_through_vllms_cache_update_hook(repo) -> None:
     """do_kv_cache_update (what vLLM's MLAAttention calls) with kv_cache_dtype fp8_ds_mla writes
     our rows (Triton interpreter, a subprocess: TRITON_INTERPRET must precede triton's import)."""
     import os
     import subprocess
     import sys
 
-    from conftest import REPO
-
-    path = os.pathsep.join(str(REPO / p) for p in ("tests", "backend/src"))
+    path = os.pathsep.join(str(repo / p) for p in ("tests", "backend/src"))
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=path)
     proc = subprocess.run([sys.executable, "-c", IMPL_WRITE], env=env, capture_output=True,
                           text=True, timeout=300)  # fmt: skip

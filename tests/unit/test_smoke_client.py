@@ -466,7 +466,8 @@ def test_help(capsys) -> None:
     out = capsys.readouterr().out
     assert " ".join(out.split()).startswith(
         "usage: smoke_test.py [-h] [--base-url URL] [--api-key KEY] [--model NAME] [--requests N] "
-        "[--concurrency C] [--max-tokens T] [--timeout SECONDS] [--json FILE] [-v]"
+        "[--concurrency C] [--max-tokens T] [--timeout SECONDS] [--json FILE] [--tools] "
+        "[--reasoning] [-v]"
     )
     assert "examples:" in out
     assert " ".join(out.split()).count("(default: http://127.0.0.1:8000/v1)") == 1

@@ -267,29 +267,30 @@ def test_directory_symlink_out_of_the_tree_is_refused(tree: Tree, tmp_path: Path
 # -- --json on every failure --------------------------------------------------------------------
 
 
-def test_non_utf8_version_file(tree: Tree, capsys) -> None:
+def _non_utf8_version(tree: Tree) -> tuple[str, str]:
     (tree.site / "vllm/_version.py").write_bytes(b'__version__ = "0.23.0\xff"\n')
-    _fails(
-        capsys, tree, "status",
+    return (
+        "status",
         f"{tree.site}/vllm/_version.py: the vLLM version is not UTF-8 (byte 0xff at offset 21)",
-    )  # fmt: skip
+    )
 
 
-def test_non_utf8_patch_file(tree: Tree, capsys) -> None:
+def _non_utf8_patch(tree: Tree) -> tuple[str, str]:
     patch = tree.series_dir / "0001-config-one.patch"
     patch.write_bytes(patch.read_bytes().replace(b"Test <", b"T\xe9st <"))  # latin-1, not UTF-8
-    _fails(
-        capsys, tree, "apply",
-        f"{patch}: the patch is not UTF-8 (byte 0xe9 at offset {patch.read_bytes().index(0xE9)})",
-    )  # fmt: skip
+    at = patch.read_bytes().index(0xE9)
+    return "apply", f"{patch}: the patch is not UTF-8 (byte 0xe9 at offset {at})"
 
 
-def test_non_utf8_series_file(tree: Tree, capsys) -> None:
+def _non_utf8_series(tree: Tree) -> tuple[str, str]:
     (tree.series_dir / "series").write_bytes(b"0001-config-one.patch\n\x80\n")
-    _fails(
-        capsys, tree, "verify",
-        f"{tree.series_dir}/series: the series is not UTF-8 (byte 0x80 at offset 22)",
-    )  # fmt: skip
+    return "verify", f"{tree.series_dir}/series: the series is not UTF-8 (byte 0x80 at offset 22)"
+
+
+@pytest.mark.parametrize("spoil", [_non_utf8_version, _non_utf8_patch, _non_utf8_series])
+def test_non_utf8_file(tree: Tree, capsys, spoil) -> None:
+    command, message = spoil(tree)
+    _fails(capsys, tree, command, message)
 
 
 def test_touched_path_is_a_directory(tree: Tree, capsys) -> None:

@@ -33,7 +33,7 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
     triton_convert_req_index_to_global_index,
 )
 
-from vllm_sparse_mla import indexer_hook
+from vllm_sparse_mla import debug_dump, indexer_hook
 from vllm_sparse_mla.kernels._dims import D_LATENT, D_QK, FP8_ROW_BYTES
 from vllm_sparse_mla.metadata import SparseTritonMLAMetadata, SparseTritonMLAMetadataBuilder
 
@@ -190,6 +190,7 @@ class SparseTritonMLAImpl(SparseMLAAttentionImpl[SparseTritonMLAMetadata]):
         self.kv_cache_dtype = kv_cache_dtype
         self.kv_lora_rank = KV_LORA_RANK
         self.topk_indices_buffer: torch.Tensor = indexer.topk_indices_buffer
+        self.dump_topk = debug_dump.target()  # VLLM_SPARSE_MLA_DUMP_TOPK: proofs only
         self.workspace: SparseMLAWorkspace | None = None
         vllm_config = get_current_vllm_config()
         # The explicit indexer choice (--additional-config sparse_mla_indexer): validated here,
@@ -242,6 +243,12 @@ class SparseTritonMLAImpl(SparseMLAAttentionImpl[SparseTritonMLAMetadata]):
         if isinstance(q, tuple):  # (ql_nope [T, H, 512], q_pe [T, H, 64]) -> [T, H, 576]
             q = torch.cat(q, dim=-1)
         num_tokens = q.shape[0]
+        if self.dump_topk is not None:
+            debug_dump.maybe_dump(
+                self.dump_topk,
+                str(getattr(layer, "layer_name", id(layer))),
+                self.topk_indices_buffer[:num_tokens],
+            )
         # Per-request token positions from the indexer ([T, topk], -1 = empty) -> global cache
         # slots, -1 kept.
         indices = triton_convert_req_index_to_global_index(
