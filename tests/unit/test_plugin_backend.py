@@ -196,13 +196,13 @@ with set_current_vllm_config(VllmConfig(device_config=DeviceConfig(device="cpu")
     impl = SparseTritonMLAImpl(8, 576, 0.1, 1, None, None, "fp8_ds_mla", None, "decoder", None,
                                indexer=indexer, kv_lora_rank=512)
 g = torch.Generator().manual_seed(0)
-kv_c = torch.randn(5, 512, generator=g).half()
-k_pe = torch.randn(5, 1, 64, generator=g).half()  # as MLAAttention passes it
+kv_c = torch.randn(7, 512, generator=g).half()  # 2 rows of CUDA-graph padding past the slots
+k_pe = torch.randn(7, 1, 64, generator=g).half()  # as MLAAttention passes it
 cache = torch.full((2, 64, 656), 0xAB, dtype=torch.uint8)
 slots = torch.tensor([3, -1, 64, 127, 5])
 impl.do_kv_cache_update(kv_c, k_pe, cache, slots, "fp8_ds_mla", torch.ones(()))
 flat = cache.view(-1, 656)
-want = quantize_rows(kv_c, k_pe.squeeze(1))
+want = quantize_rows(kv_c[:5], k_pe[:5].squeeze(1))
 live = slots >= 0
 assert torch.equal(flat[slots[live]], want[live])
 rest = torch.ones(128, dtype=torch.bool)

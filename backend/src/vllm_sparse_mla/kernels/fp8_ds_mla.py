@@ -149,8 +149,8 @@ def write_fp8_ds_mla(
     """Quantize and write token rows into an ``fp8_ds_mla`` cache (vLLM's do_kv_cache_update).
 
     kv_c [N, 512], k_pe [N, 64] (or [N, 1, 64]) fp16/bf16; kv_cache uint8 [num_blocks,
-    block_size, 656] (power-of-two block size); slot_mapping [N] int32/int64 global slots, -1 =
-    skip. No host sync (CUDA-graph safe).
+    block_size, 656] (power-of-two block size); slot_mapping [M <= N] int32/int64 global slots,
+    -1 = skip; rows M.. of kv_c are not read (vLLM's CUDA-graph padding). No host sync.
     """
     if k_pe.dim() == 3:
         k_pe = k_pe.squeeze(1)
@@ -163,13 +163,17 @@ def write_fp8_ds_mla(
     block_size = kv_cache.shape[1]
     if block_size & (block_size - 1):
         raise ValueError(f"kv_cache block size must be a power of two, got {block_size}")
-    if slot_mapping.dim() != 1 or slot_mapping.shape[0] < kv_c.shape[0]:
-        raise ValueError(f"slot_mapping must be [>= {kv_c.shape[0]}], got {slot_mapping.shape}")
+    # As vLLM's concat_and_cache_mla: slot_mapping's length is the token count; kv_c may hold
+    # more rows (padding for CUDA graphs), which are not written.
+    if slot_mapping.dim() != 1 or slot_mapping.shape[0] > kv_c.shape[0]:
+        raise ValueError(
+            f"slot_mapping must be 1-D with <= {kv_c.shape[0]} entries, got {slot_mapping.shape}"
+        )
     if kv_c.stride(-1) != 1 or k_pe.stride(-1) != 1 or kv_cache.stride(-1) != 1:
         raise ValueError("kv_c, k_pe and kv_cache need a contiguous last dimension")
     if kv_cache.stride(1) % 4 or kv_cache.stride(0) % 4:
         raise ValueError("kv_cache rows must start 4-byte aligned (fp32 scales)")
-    n = kv_c.shape[0]
+    n = slot_mapping.shape[0]
     if n == 0:
         return
     _write_kernel[(n,)](
