@@ -100,3 +100,12 @@ def test_fp8_attention_matches_reference(fp8_case, request):
 def test_reversed_scale_order_is_caught(fp8_case):
     with pytest.raises(AssertionError):
         check_close(fp8_case["out"], fp8_case["ref"], torch.float16)
+
+
+@pytest.mark.parametrize("fp8_case", ["exact_rows_f16", "exact_rows_bf16"], indirect=True)
+def test_exactly_representable_rows_match_the_16bit_kernel(fp8_case):
+    """Where the fp8 row loses nothing (e4m3 latent x 2**k scales, rope 300x larger than the
+    latent), the fp8-row kernel equals the 16-bit-row kernel bit for bit: rope is read at full
+    precision, each scale multiplies its own 128 values."""
+    assert bool(fp8_case["roundtrip"]), "the rows were meant to be exactly representable"
+    assert torch.equal(fp8_case["out8"], fp8_case["out16"])

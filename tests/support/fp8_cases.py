@@ -171,12 +171,43 @@ def run_swapped_scales(name: str, device: str) -> dict[str, torch.Tensor]:
     return {"out": out.cpu(), "ref": expect}
 
 
+def run_exact_rows(name: str, device: str) -> dict[str, torch.Tensor]:
+    """Rows the fp8 format holds exactly (latent = e4m3 values x power-of-two scales, rope any
+    16-bit value, large): the fp8-row kernel must give what the 16-bit-row kernel gives on the
+    same values (rope read at full precision, scales applied per 128 in the right order)."""
+    from vllm_sparse_mla.kernels import sparse_mla_attention
+    from vllm_sparse_mla.kernels.fp8_ds_mla import dequantize_rows, quantize_rows
+
+    dtype = F16 if "f16" in name else BF16
+    q, kv, idx = attn_inputs(3, 16, 64, dtype, "cpu", pad=0.2)
+    flat = kv.reshape(-1, 576).float()
+    g = torch.Generator().manual_seed(4)
+    codes = torch.randint(0, 256, (flat.shape[0], 512), generator=g, dtype=torch.uint8)
+    codes[(codes & 0x7F) == 0x7F] = 0x38  # no NaN codes
+    codes[:, 0::128] = 0x7E  # 448 in every group: amax = 448 * 2**k, so scale = 2**k exactly
+    pow2 = 2.0 ** torch.randint(-6, 3, (flat.shape[0], 4), generator=g).float()
+    e4 = codes.view(torch.float8_e4m3fn).float() * pow2.repeat_interleave(128, dim=1)
+    flat[:, :512] = e4
+    flat[:, 512:] *= 300.0  # rope far outside e4m3's precision
+    flat = flat.to(dtype)
+    rows = quantize_rows(flat[:, :512].contiguous(), flat[:, 512:].contiguous())
+    exact = dequantize_rows(rows, dtype).to(dtype)
+    shape = kv.shape
+    out8 = sparse_mla_attention(q.to(device), rows.view(*shape[:2], 656).to(device), idx.to(device),
+                                SCALE)  # fmt: skip
+    out16 = sparse_mla_attention(q.to(device), exact.view(shape).to(device), idx.to(device), SCALE)
+    return {"out8": out8.cpu(), "out16": out16.cpu(),
+            "roundtrip": torch.tensor(torch.equal(exact, flat))}  # fmt: skip
+
+
 CASES: dict[str, Callable[[str, str], dict[str, torch.Tensor]]] = {
     "write_f16_exhaustive": run_write,
     "write_f16_edges": run_write,
     "write_bf16_edges": run_write,
     **{f"attn8_{n}": run_fp8_attn for n in FP8_ATTN_CASES},
     "swapped_scales": run_swapped_scales,
+    "exact_rows_f16": run_exact_rows,
+    "exact_rows_bf16": run_exact_rows,
 }
 
 
