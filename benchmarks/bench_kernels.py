@@ -17,6 +17,7 @@ Exit: 0 ok (also when skipped: no CUDA GPU, unless --require-gpu), 1 no GPU with
 
     PYTHONPATH=tests:backend/src python benchmarks/bench_kernels.py            # full table
     PYTHONPATH=tests:backend/src python benchmarks/bench_kernels.py --quick    # fewer shapes
+    PYTHONPATH=tests:backend/src python benchmarks/bench_kernels.py --quick --fp8 --no-indexer
     PYTHONPATH=/tmp/site:tests:backend/src python benchmarks/bench_kernels.py --sweep --json o.json
 """
 
@@ -33,6 +34,7 @@ from pathlib import Path
 EXAMPLES = __doc__.split("\n\n")[-1]
 TOPK = 2048
 ROW_BYTES = 576 * 2
+FP8_ROW_BYTES = 656  # fp8_ds_mla: 512 e4m3 + 4 fp32 scales + 64 16-bit rope
 SCALE = 1.0 / 16
 SM120_COPY_TBS = 1.79  # RTX PRO 6000 Blackwell, for the on-paper column
 MISSING: dict[str, str] = {}  # column -> why it could not be filled
@@ -209,6 +211,7 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
     pool = torch.randn(pool_rows // 64, 64, 576, device="cuda", dtype=torch.float16)
     flat = pool.view(-1, 576)
     pool_bf = pool.to(torch.bfloat16).view(-1, 1, 576) if "flashmla" in vllm_ops else None
+    pool8 = fp8_pool(torch, pool) if args.fp8 else None
     for h in args.heads:
         ws = make_workspace(8192, h, TOPK, "cuda", torch.float16)
         for kind, t, mtp in attn_shapes(args.quick):
@@ -236,6 +239,17 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
             desc = (f"S={p.splits} BH={p.cfg.block_h} BN={p.cfg.block_n} w={p.cfg.num_warps} "
                     f"ns={p.cfg.num_stages}")  # fmt: skip
             _emit(rows_out, _row("ours", us=us, plan=desc, **common))
+            if pool8 is not None:
+                c8 = dict(common, kv_bytes=t * TOPK * FP8_ROW_BYTES)
+                calls8 = [
+                    partial(sparse_mla_attention, q, pool8, i, SCALE, out=o, workspace=ws)
+                    for q, i, o in sets
+                ]
+                try:
+                    _emit(rows_out, _row("ours fp8_ds_mla", us=graph_time_us(torch, calls8),
+                                         plan=desc, **c8))  # fmt: skip
+                except Exception as exc:  # report, keep the 16-bit columns
+                    MISSING[f"ours fp8 H={h} {label} {t}"] = repr(exc)[:300]
             if args.sweep:
                 for p2 in sweep_plans(p, kind, h, t):
                     if time.monotonic() > args.sweep_deadline:
@@ -284,7 +298,42 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                     MISSING[f"triton_mla H={h} {t}"] = repr(exc)[:160]
             del sets
         del ws
-    del pool, pool_bf
+    del pool, pool_bf, pool8
+
+
+def fp8_pool(torch, pool):
+    """The 16-bit pool's rows as fp8_ds_mla rows, written by our write kernel."""
+    from vllm_sparse_mla.kernels.fp8_ds_mla import write_fp8_ds_mla
+
+    flat = pool.view(-1, 576)
+    out = torch.empty(pool.shape[0], pool.shape[1], FP8_ROW_BYTES, device="cuda",
+                      dtype=torch.uint8)  # fmt: skip
+    step = 1 << 18
+    for s in range(0, flat.shape[0], step):
+        rows = flat[s : s + step]
+        slots = torch.arange(s, s + rows.shape[0], device="cuda")
+        write_fp8_ds_mla(rows[:, :512], rows[:, 512:], out, slots)
+    return out
+
+
+def bench_fp8_write(torch, args, copy_tbs, rows_out):
+    """write_fp8_ds_mla for T new tokens into random slots of a 2M-row cache (cold L2)."""
+    from vllm_sparse_mla.kernels.fp8_ds_mla import write_fp8_ds_mla
+
+    cache = torch.empty(32768, 64, FP8_ROW_BYTES, device="cuda", dtype=torch.uint8)
+    for t in (1, 128, 8192):
+        sets = []
+        for _ in range(16):
+            x = torch.randn(t, 576, device="cuda", dtype=torch.float16)
+            slots = torch.randperm(cache.shape[0] * 64, device="cuda")[:t]
+            sets.append((x, slots))
+        calls = [partial(write_fp8_ds_mla, x[:, :512], x[:, 512:], cache, sl) for x, sl in sets]
+        us = graph_time_us(torch, calls)
+        moved = t * (576 * 2 + FP8_ROW_BYTES)  # read 16-bit, write 656 B
+        floor_us = moved / (copy_tbs * 1e12) * 1e6
+        row = _row("fp8_ds_mla write", 0, "write", t, us, moved, 0, floor_us, copy_tbs,
+                   plan="1 program/token")  # fmt: skip
+        _emit(rows_out, row)
 
 
 def bench_triton_mla(torch, fn, pool, b, h, num_sms):
@@ -542,7 +591,7 @@ def print_table(rows, copy_tbs, mm):
     for r in rows:
         if "heads" not in r:
             continue
-        paper = r["us"] * copy_tbs / SM120_COPY_TBS if r["impl"] == "ours" else None
+        paper = r["us"] * copy_tbs / SM120_COPY_TBS if r["impl"].startswith("ours") else None
         print(
             f"| {r['heads']} | {r['kind']} {r['tokens']} | {r['impl']} | {r['us']:.1f} | "
             f"{r['pct_copy']:.0f}% | {r['tflops']:.1f} | {r['floor_us']:.1f} | "
@@ -571,6 +620,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--quick", action="store_true", help="fewer shapes (default: %(default)s)")
     p.add_argument("--sweep", action="store_true", help="also time config variants")
+    p.add_argument(
+        "--fp8",
+        action="store_true",
+        help="also time ours over fp8_ds_mla cache rows (656 B) and the fp8 row write",
+    )
     p.add_argument("--no-naive", action="store_true", help="skip the naive torch reference")
     p.add_argument("--no-attention", action="store_true", help="skip attention benchmarks")
     p.add_argument("--no-indexer", action="store_true", help="skip indexer benchmarks")
@@ -633,6 +687,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     if not args.no_attention:
         bench_attention(torch, args, copy_tbs, mm, vllm_ops, rows)
+        if args.fp8:
+            bench_fp8_write(torch, args, copy_tbs, rows)
     t1 = time.monotonic()
     if not args.no_indexer:
         bench_indexer(torch, args, copy_tbs, vllm_ops, rows)

@@ -152,3 +152,28 @@ def test_service_renders_the_plugin_indexer_choice_the_plugin_reads(choice: str)
     assert flag == "--additional-config"
     assert json.loads(value) == {indexer_hook.CONFIG_KEY: choice}
     assert indexer_hook.indexer_choice(json.loads(value)) == choice
+
+
+@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8_ds_mla"])
+def test_service_renders_kv_cache_dtype_only_when_not_auto(kv_cache_dtype: str) -> None:
+    """The role's choices are what the plugin accepts; auto renders no flag (vLLM's default)."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template
+
+    role = REPO / "playbooks/roles/vllm_service"
+    spec = yaml.safe_load((role / "meta/argument_specs.yml").read_text())
+    option = spec["argument_specs"]["main"]["options"]["vllm_service_kv_cache_dtype"]
+    assert option["choices"] == ["auto", "fp8_ds_mla"]
+    defaults = yaml.safe_load((role / "defaults/main.yml").read_text())
+    assert option["default"] == defaults["vllm_service_kv_cache_dtype"] == "auto"
+    unit = (role / "templates/vllm.service.j2").read_text()
+    start = unit.index("{%- if vllm_service_kv_cache_dtype")
+    block = unit[start : unit.index("{%- endif %}", start) + len("{%- endif %}")]
+    templar = Templar(
+        loader=DataLoader(), variables={"vllm_service_kv_cache_dtype": kv_cache_dtype}
+    )
+    rendered = templar.template(trust_as_template(block))
+    if kv_cache_dtype == "auto":
+        assert not rendered
+    else:
+        assert shlex.split(rendered.replace("\\\n", " ")) == ["--kv-cache-dtype", kv_cache_dtype]

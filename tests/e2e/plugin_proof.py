@@ -30,6 +30,9 @@ Runs (two worker processes, one per indexer choice, passed to every engine of th
 - group ``sm120_indexer`` (sparse_mla_indexer=triton: our Triton MQA-logits kernels, the SM120
   path, forced on this GPU): custom_bf16, custom_fp16 (eager), custom_fp16_graphs (full CUDA
   graphs for decode, FULL_DECODE_ONLY; same results as eager; decode throughput).
+- fp8_ds_mla KV cache (656-B rows): ref_flashmla_bf16_fp8 (vllm_indexer group), custom_bf16_fp8
+  and custom_fp16_fp8 (sm120_indexer group); checked: CUSTOM bf16 fp8 vs FLASHMLA_SPARSE bf16
+  fp8; reported only (REPORTS): each fp8 run against its 16-bit-cache run.
 
 Checks: greedy tokens equal (a divergence counts only where the reference's top two logprobs
 are within the tolerance, i.e. a near tie) and max |logprob difference| over prompt and sampled
@@ -73,6 +76,16 @@ GROUPS: dict[str, dict[str, Any]] = {
             ("custom_bf16_dg", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False),
             ("custom_bf16_topk2048", "tiny-glm5-dsa-topk2048", "bfloat16", "CUSTOM", False, False),
             ("triton_mla_bf16_dense", "tiny-dsv3-dense", "bfloat16", "TRITON_MLA", False, False),
+            # 7th field: kv_cache_dtype (default auto)
+            (
+                "ref_flashmla_bf16_fp8",
+                "tiny-glm5-dsa",
+                "bfloat16",
+                "FLASHMLA_SPARSE",
+                False,
+                False,
+                "fp8_ds_mla",
+            ),  # fmt: skip
             (
                 "triton_mla_fp16_dense_graphs",
                 "tiny-dsv3-dense",
@@ -89,6 +102,8 @@ GROUPS: dict[str, dict[str, Any]] = {
             ("custom_bf16", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False),
             ("custom_fp16", "tiny-glm5-dsa", "float16", "CUSTOM", False, False),
             ("custom_fp16_graphs", "tiny-glm5-dsa", "float16", "CUSTOM", True, True),
+            ("custom_bf16_fp8", "tiny-glm5-dsa", "bfloat16", "CUSTOM", False, False, "fp8_ds_mla"),
+            ("custom_fp16_fp8", "tiny-glm5-dsa", "float16", "CUSTOM", False, False, "fp8_ds_mla"),
         ],
     },
 }
@@ -118,6 +133,16 @@ CHECKS = [
      "triton_mla_bf16_dense", "same_dtype"),
     ("CUDA graphs == eager (CUSTOM fp16, SM120 path)", "custom_fp16_graphs", "custom_fp16",
      "same_dtype"),
+    ("fp8_ds_mla cache: SM120 path bf16 == FLASHMLA_SPARSE bf16 (both fp8 caches)",
+     "custom_bf16_fp8", "ref_flashmla_bf16_fp8", "same_dtype"),
+]  # fmt: skip
+# Measured and printed, not part of the verdict: what the fp8 cache costs against the 16-bit one
+# (ours in fp16, and vLLM's own FlashMLA in bf16 for scale).
+REPORTS = [
+    ("fp8_ds_mla cost: CUSTOM fp16 fp8 cache vs CUSTOM fp16 16-bit cache", "custom_fp16_fp8",
+     "custom_fp16", "dtype"),
+    ("fp8_ds_mla cost (vLLM's own): FLASHMLA_SPARSE bf16 fp8 vs 16-bit cache",
+     "ref_flashmla_bf16_fp8", "ref_flashmla_bf16", "dtype"),
 ]  # fmt: skip
 
 
@@ -179,8 +204,8 @@ def _run_one(spec: tuple, indexer: str, models: Path, log: Any) -> dict[str, Any
     from vllm.inputs import TokensPrompt
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    name, model, dtype, backend, graphs, throughput = spec
-    kwargs: dict[str, Any] = {}
+    name, model, dtype, backend, graphs, throughput, *rest = spec
+    kwargs: dict[str, Any] = {"kv_cache_dtype": rest[0] if rest else "auto"}
     if graphs:
         # Full CUDA graphs for decode batches without torch.compile: captures the whole
         # decode step, attention and indexer included (what the backend declares UNIFORM_BATCH).
@@ -349,8 +374,10 @@ def judge(runs: dict[str, Any]) -> list[dict[str, Any]]:
         if a in runs and b in runs
     }
     checks = []
-    for label, name, ref, floor_key in CHECKS:
+    for label, name, ref, floor_key, *report in [*CHECKS, *((*r, True) for r in REPORTS)]:
         entry: dict[str, Any] = {"check": label, "run": name, "reference": ref}
+        if report:
+            entry["report_only"] = True
         missing = [n for n in (name, ref) if n not in runs]
         if missing or floor_key not in floors:
             checks.append(entry | {"passed": False, "missing": missing or [floor_key]})
@@ -468,7 +495,9 @@ def main(argv: list[str] | None = None) -> int:
         checks = judge(runs)
         tput = {n: r["throughput"] for n, r in runs.items() if "throughput" in r}
         summary = {
-            "passed": bool(checks) and all(c["passed"] for c in checks) and not errors,
+            "passed": bool(checks)
+            and all(c["passed"] for c in checks if not c.get("report_only"))
+            and not errors,
             "wall_s": round(time.perf_counter() - started, 1),
             "checks": checks,
             "throughput": tput,
@@ -485,7 +514,10 @@ def main(argv: list[str] | None = None) -> int:
         (args.outdir / "proof.json").write_text(json.dumps(summary, indent=2) + "\n")
         for c in checks:
             detail = {k: c.get(k) for k in ("prompt_logprob_diff", "noise_floor_diff", "missing")}
-            print(f"{'PASS' if c['passed'] else 'FAIL'} {c['check']}: {detail}", file=log)
+            verdict = "PASS" if c["passed"] else "FAIL"
+            if c.get("report_only"):
+                verdict = f"REPORT (within floor: {c['passed']})"
+            print(f"{verdict} {c['check']}: {detail}", file=log)
         for n, t in tput.items():
             print(f"throughput {n}: {t['decode_tokens_per_s']} decode tok/s", file=log)
         for n, e in errors.items():

@@ -98,3 +98,25 @@ def test_serve_additional_config_reaches_the_backend_impl(selection: dict) -> No
     assert selection["serve_indexer_cuda"] == {
         "error": "additional_config sparse_mla_indexer='cuda' is not one of auto, triton, deepgemm"
     }
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fp8_ds_mla_selects_our_backend_other_fp8_is_refused(selection: dict, dtype) -> None:
+    assert selection[f"custom_{dtype}_fp8_ds_mla"] == {"selected": OURS}
+    error = selection[f"custom_{dtype}_fp8"]["error"]
+    assert "kv_cache_dtype fp8 is not read by SPARSE_TRITON_MLA" in error
+    assert "--kv-cache-dtype fp8_ds_mla" in error
+
+
+def test_serve_kv_cache_dtype_flag_reaches_the_cache_shape(selection: dict) -> None:
+    """`--kv-cache-dtype fp8_ds_mla` through vLLM's parser and config: our backend, 656-B rows.
+    `fp8` stays `fp8` for CUSTOM (vLLM aliases it to fp8_ds_mla for FLASHMLA_SPARSE only) and
+    is refused with the flag to use."""
+    assert selection["serve_kv_fp8_ds_mla"] == {
+        "cache_dtype": "fp8_ds_mla",
+        "selected": "SPARSE_TRITON_MLA",
+        "shape": [2, 64, 656],
+    }
+    refused = selection["serve_kv_fp8"]
+    assert refused["cache_dtype"] == "fp8"
+    assert "--kv-cache-dtype fp8_ds_mla" in refused["error"]

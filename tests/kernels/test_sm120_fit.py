@@ -25,6 +25,9 @@ def test_every_launched_config_fits_sm120(capsys):
     attn = [r for r in rows if r.name.startswith("attn")]
     assert any(r.name.startswith("attn split") for r in attn)
     assert any(r.name.startswith("attn 1pass") for r in attn)
+    fp8 = [r for r in attn if " fp8 " in r.name]
+    assert len(fp8) * 2 == len(attn), "every attention plan also cross-compiled over fp8 rows"
+    assert any(r.name.startswith("fp8_ds_mla write") for r in rows)
     shallow = [r.name for r in attn if (r.ring_depth or 0) < 2]
     waits = [r.name for r in attn if r.loop_full_wait is not False]
     no_cp_async = [r.name for r in attn if not r.loop_async_copies]

@@ -51,7 +51,7 @@ class SimulatedSm120Platform(CudaPlatformBase):
         return "simulated SM120"
 
 
-def select(backend: str | None, dtype: str) -> dict[str, str]:
+def select(backend: str | None, dtype: str, kv_cache_dtype: str = "auto") -> dict[str, str]:
     """vLLM's get_attn_backend for GLM-5's MLA layer (head 576, sparse), as the engine calls it."""
     _cached_get_attn_backend.cache_clear()
     # No --block-size given, as in the service: the selector sees block_size=None.
@@ -61,8 +61,9 @@ def select(backend: str | None, dtype: str) -> dict[str, str]:
     try:
         with set_current_vllm_config(config):
             cls = get_attn_backend(
-                576, getattr(torch, dtype), "auto", use_mla=True, use_sparse=True, num_heads=8
-            )
+                576, getattr(torch, dtype), kv_cache_dtype, use_mla=True, use_sparse=True,
+                num_heads=8,
+            )  # fmt: skip
     except ValueError as exc:
         return {"error": str(exc)}
     return {"selected": f"{cls.__module__}.{cls.__qualname__}"}
@@ -92,6 +93,28 @@ def serve_indexer(model: str, additional_config: str) -> dict[str, object]:
     return {"additional_config": config.additional_config, "indexer": impl.indexer}
 
 
+def serve_kv_cache_dtype(model: str, kv_cache_dtype: str) -> dict[str, object]:
+    """`vllm serve MODEL --attention-backend CUSTOM --kv-cache-dtype X` -> the cache dtype vLLM's
+    config holds, the backend selected with it, and the cache shape that backend asks for."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
+    argv = [model, "--dtype", "float16", "--max-model-len", "1024", "--attention-backend",
+            "CUSTOM", "--kv-cache-dtype", kv_cache_dtype]  # fmt: skip
+    config = EngineArgs.from_cli_args(parser.parse_args(["--model", *argv])).create_engine_config()
+    cache_dtype = config.cache_config.cache_dtype
+    with set_current_vllm_config(config):
+        try:
+            cls = get_attn_backend(
+                576, torch.float16, cache_dtype, use_mla=True, use_sparse=True, num_heads=8
+            )
+        except ValueError as exc:
+            return {"cache_dtype": cache_dtype, "error": str(exc)}
+    shape = cls.get_kv_cache_shape(2, 64, 1, 576, cache_dtype)
+    return {"cache_dtype": cache_dtype, "selected": cls.get_name(), "shape": list(shape)}
+
+
 def main(argv: list[str]) -> int:
     if argv:
         # On a cold vLLM cache, create_engine_config inspects the model and saves the result
@@ -111,10 +134,15 @@ def main(argv: list[str]) -> int:
     result["custom_fp16"] = select("CUSTOM", "float16")
     result["custom_bf16"] = select("CUSTOM", "bfloat16")
     result["auto_fp16_after"] = select(None, "float16")
+    for dtype in ("float16", "bfloat16"):
+        for kv in ("fp8_ds_mla", "fp8"):
+            result[f"custom_{dtype}_{kv}"] = select("CUSTOM", dtype, kv)
     if argv:
         for value in ("auto", "deepgemm", "cuda"):
             flag = json.dumps({"sparse_mla_indexer": value})
             result[f"serve_indexer_{value}"] = serve_indexer(argv[0], flag)
+        for kv in ("fp8_ds_mla", "fp8"):
+            result[f"serve_kv_{kv}"] = serve_kv_cache_dtype(argv[0], kv)
     print("RESULT " + json.dumps(result))
     return 0
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from vllm_sparse_mla.kernels import _configs, indexer, sparse_mla
+from vllm_sparse_mla.kernels import _configs, fp8_ds_mla, indexer, sparse_mla
 from vllm_sparse_mla.kernels._capability import DeviceInfo
-from vllm_sparse_mla.kernels._dims import D_LATENT, D_ROPE
+from vllm_sparse_mla.kernels._dims import D_LATENT, D_ROPE, FP8_ROW_BYTES
 
 SM120_SHARED_LIMIT = 101376
 SM120_SMS = 188  # RTX PRO 6000 Blackwell; the decode split plan depends on the SM count
@@ -65,10 +65,12 @@ def _main_loop(ttgir: str) -> str | None:
 
 
 def pipelining(ttgir: str, block_n: int) -> tuple[int | None, bool | None, int | None]:
-    """(ring depth of the [*, block_n, 512] row buffer, full wait in the loop, cp.async count)."""
+    """(ring depth of the [*, block_n, 512] row buffer (fp8 rows: [*, block_n, 128] i32), full
+    wait in the loop, cp.async count)."""
+    # fp8_ds_mla rows: the latent bytes are gathered as [block_n, 128] int32 words
+    row = rf"(?:{D_LATENT}x[a-z0-9]+|{D_LATENT // 4}xi32)"
     depths = [
-        int(m.group(1))
-        for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{D_LATENT}x[a-z0-9]+,[^>]*mutable", ttgir)
+        int(m.group(1)) for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{row},[^>]*mutable", ttgir)
     ]
     loop = _main_loop(ttgir)
     if loop is None:
@@ -145,29 +147,34 @@ def attention_plans(info: DeviceInfo = SM120, max_tokens: int = 8192):
 def launched_configs():
     """Yield (name, fn, args, constexprs, num_warps, num_stages, block_n) for every
     configuration the launchers can pick on sm_120 with GLM-5's shapes."""
-    for dtype in ("fp16", "bf16"):
+    # "fp8": the same plans over fp8_ds_mla cache rows (uint8, 656 B), dequantized in registers
+    for dtype, fp8 in (("fp16", False), ("bf16", False), ("fp16", True), ("bf16", True)):
+        row = FP8_ROW_BYTES if fp8 else 576
         for h, p in attention_plans():
             cfg = p.cfg
             args = {
-                "q_ptr": f"*{dtype}", "kv_ptr": f"*{dtype}", "idx_ptr": "*i32",
+                "q_ptr": f"*{dtype}", "kv_ptr": "*u8" if fp8 else f"*{dtype}",
+                "idx_ptr": "*i32",
                 "out_ptr": f"*{dtype}", "part_o_ptr": "*fp32", "part_lse_ptr": "*fp32",
                 "scale_log2": 0.09, "num_slots": 64 * 4096,
-                "stride_qt": h * 576, "stride_qh": 576, "stride_kvb": 64 * 576,
-                "stride_kvs": 576, "stride_it": TOPK, "stride_ot": h * 512, "stride_oh": 512,
+                "stride_qt": h * 576, "stride_qh": 576, "stride_kvb": 64 * row,
+                "stride_kvs": row, "stride_it": TOPK, "stride_ot": h * 512, "stride_oh": 512,
             }  # fmt: skip
             consts = dict(
                 NUM_HEADS=h, TOPK=TOPK, TOPK_PAD=TOPK, SPLITS=p.splits,
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
+                FP8_DS_MLA=fp8,
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
+            cache = "fp8 " if fp8 else ""
             yield (
-                f"attn {kind} H={h} {dtype} BH={cfg.block_h} BN={cfg.block_n} "
+                f"attn {kind} H={h} {cache}{dtype} BH={cfg.block_h} BN={cfg.block_n} "
                 f"w{cfg.num_warps} ns{cfg.num_stages}",
                 sparse_mla._sparse_mla_kernel, args, consts, cfg.num_warps, cfg.num_stages,
                 cfg.block_n,
             )  # fmt: skip
-            if p.splits > 1 and dtype == "fp16":
+            if p.splits > 1 and dtype == "fp16" and not fp8:
                 bd = sparse_mla.combine_block_d(p.splits)
                 yield (
                     f"combine H={h} S={p.splits} BD={bd}", sparse_mla._combine_kernel,
@@ -178,6 +185,16 @@ def launched_configs():
                          BLOCK_D=bd),
                     4, 2, None,
                 )  # fmt: skip
+    for dtype in ("fp16", "bf16"):
+        yield (
+            f"fp8_ds_mla write {dtype}", fp8_ds_mla._write_kernel,
+            {"kv_c_ptr": f"*{dtype}", "k_pe_ptr": f"*{dtype}", "slot_ptr": "*i64",
+             "cache_ptr": "*u8", "stride_c": 512, "stride_pe": 64, "stride_cb": 64 * 656,
+             "stride_cs": 656},
+            dict(KV_BLOCK=64, D_LATENT=D_LATENT, D_ROPE=D_ROPE, GROUP=fp8_ds_mla.GROUP,
+                 FP8_MAX=fp8_ds_mla.FP8_MAX, FLT_MIN=fp8_ds_mla.FLT_MIN, EXACT_DIV=True),
+            4, 1, None,
+        )  # fmt: skip
     c = _configs.MQA_LOGITS_CONFIG
     yield (
         f"mqa_logits H=32 D=128 BM={c.block_m} BN={c.block_n}", indexer._mqa_logits_kernel,

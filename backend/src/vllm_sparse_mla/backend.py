@@ -7,7 +7,12 @@ in the model dtype); the output is ``[T, H, 512]`` in the query dtype, which vLL
 with W_UV. The math lives in ``vllm_sparse_mla.kernels`` (torch + triton only).
 
 Accepted configurations: MLA, sparse, head size 576, float16 / bfloat16, kv-cache dtype auto (or
-the model dtype spelled out), block size 64, compute capability 9.x, 10.x or 12.x.
+the model dtype spelled out) or ``fp8_ds_mla`` (FlashMLA's 656-byte rows: 512 e4m3 + 4 fp32
+scales + 64 rope values in the model dtype, written by our Triton kernel, see
+``kernels/fp8_ds_mla.py``), block size 64, compute capability 9.x, 10.x or 12.x.
+Other fp8 formats are refused: vLLM 0.23.0 maps ``--kv-cache-dtype fp8`` to fp8_ds_mla only for
+the FLASHMLA_SPARSE backend; for CUSTOM it would allocate per-tensor fp8 rows of 576 bytes,
+which no kernel here reads, so the error names the flag to use instead.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from vllm.v1.attention.backends.mla.sparse_utils import (
 )
 
 from vllm_sparse_mla import debug_dump, indexer_hook
-from vllm_sparse_mla.kernels._dims import D_LATENT, D_QK
+from vllm_sparse_mla.kernels._dims import D_LATENT, D_QK, FP8_ROW_BYTES
 from vllm_sparse_mla.metadata import SparseTritonMLAMetadata, SparseTritonMLAMetadataBuilder
 
 if TYPE_CHECKING:
@@ -39,6 +44,7 @@ HEAD_SIZE = D_QK  # kv_lora_rank 512 + qk_rope_head_dim 64, defined once in kern
 KV_LORA_RANK = D_LATENT
 BLOCK_SIZE = 64
 COMPUTE_CAPABILITY_MAJORS = (9, 10, 12)
+FP8_DS_MLA = "fp8_ds_mla"
 _DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
@@ -46,7 +52,12 @@ class SparseTritonMLABackend(AttentionBackend):
     """The backend class vLLM validates and instantiates; see the module docstring."""
 
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16]
-    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = ["auto", "float16", "bfloat16"]
+    supported_kv_cache_dtypes: ClassVar[list[CacheDType]] = [
+        "auto",
+        "float16",
+        "bfloat16",
+        FP8_DS_MLA,
+    ]
 
     @staticmethod
     def get_name() -> str:
@@ -95,6 +106,8 @@ class SparseTritonMLABackend(AttentionBackend):
         # The kernels read cache rows in the query dtype: an explicit kv-cache dtype must be it.
         if kv_cache_dtype in ("float16", "bfloat16") and _DTYPE_NAMES.get(dtype) != kv_cache_dtype:
             return f"kv_cache_dtype {kv_cache_dtype} differs from the model dtype {dtype}"
+        if kv_cache_dtype is not None and kv_cache_dtype not in cls.supported_kv_cache_dtypes:
+            return _refusal(kv_cache_dtype)
         return None
 
     @staticmethod
@@ -105,7 +118,18 @@ class SparseTritonMLABackend(AttentionBackend):
         head_size: int,
         cache_dtype_str: str = "auto",
     ) -> tuple[int, ...]:
+        if cache_dtype_str == FP8_DS_MLA:
+            return (num_blocks, block_size, FP8_ROW_BYTES)  # uint8, as MLAAttentionSpec sizes it
         return (num_blocks, block_size, head_size)
+
+
+def _refusal(kv_cache_dtype: str) -> str:
+    if "fp8" in kv_cache_dtype:
+        return (
+            f"kv_cache_dtype {kv_cache_dtype} is not read by SPARSE_TRITON_MLA: its fp8 cache is "
+            f"FlashMLA's 656-byte rows, --kv-cache-dtype {FP8_DS_MLA}"
+        )
+    return f"kv_cache_dtype {kv_cache_dtype} is not supported by SPARSE_TRITON_MLA"
 
 
 _workspaces: dict[tuple[Any, ...], SparseMLAWorkspace] = {}
@@ -158,7 +182,7 @@ class SparseTritonMLAImpl(SparseMLAAttentionImpl[SparseTritonMLAMetadata]):
                 "parallelism needs; run without --decode-context-parallel-size"
             )
         if kv_cache_dtype not in SparseTritonMLABackend.supported_kv_cache_dtypes:
-            raise ValueError(f"SPARSE_TRITON_MLA does not support kv-cache dtype {kv_cache_dtype}")
+            raise ValueError(_refusal(kv_cache_dtype))
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -183,6 +207,29 @@ class SparseTritonMLAImpl(SparseMLAAttentionImpl[SparseTritonMLAMetadata]):
                 torch.device("cuda", torch.cuda.current_device()),
                 vllm_config.model_config.dtype,
             )
+
+    def do_kv_cache_update(
+        self,
+        kv_c_normed: torch.Tensor,
+        k_pe: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_cache_dtype: str,
+        k_scale: torch.Tensor,
+    ) -> None:
+        if kv_cache_dtype != FP8_DS_MLA:
+            super().do_kv_cache_update(
+                kv_c_normed, k_pe, kv_cache, slot_mapping, kv_cache_dtype, k_scale
+            )
+            return
+        if kv_cache.numel() == 0:
+            return
+        # Not vLLM's concat_and_cache_mla: its fp16 ds_mla variant computes wrong scales (README
+        # "FP8 KV cache"); ours is bit-exact to FlashMLA's rule for fp16 and bf16. k_scale is
+        # unused: the row carries its own scales.
+        from vllm_sparse_mla.kernels.fp8_ds_mla import write_fp8_ds_mla
+
+        write_fp8_ds_mla(kv_c_normed, k_pe, kv_cache, slot_mapping.flatten())
 
     def forward_mqa(
         self,

@@ -9,7 +9,9 @@ one shared 576-value KV row per token (512 latent + 64 rope); V is its first 512
 Layouts:
     q         [T, H, 576]  fp16/bf16, last dim contiguous
     kv_cache  [num_blocks, block_size, 576] same dtype (vLLM paged MLA cache, any block size),
-              last dim contiguous; addressed by global slot = block * block_size + offset
+              last dim contiguous; addressed by global slot = block * block_size + offset;
+              or uint8 [num_blocks, block_size, 656] fp8_ds_mla rows (FP8_DS_MLA: dequantized
+              to q's dtype in registers after the gather, which moves half the bytes)
     indices   [T, K] int32 global slots (after vLLM's triton_convert_req_index_to_global_index);
               -1 (or any id outside the cache) = empty
     out       [T, H, 512]  q's dtype
@@ -42,7 +44,7 @@ import triton.language as tl
 
 from ._capability import DeviceInfo, device_info
 from ._configs import MIN_DECODE_SPLITS, MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
-from ._dims import D_LATENT, D_QK, D_ROPE
+from ._dims import D_LATENT, D_QK, D_ROPE, FP8_ROW_BYTES
 
 LOG2E = 1.4426950408889634
 
@@ -76,8 +78,10 @@ def _sparse_mla_kernel(
     KV_BLOCK: tl.constexpr,
     FLAT_SLOTS: tl.constexpr,
     DOT_F32: tl.constexpr,
+    FP8_DS_MLA: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16)
+    N_GROUPS: tl.constexpr = 4  # fp8_ds_mla: one fp32 scale per 128 latent values
     pid = tl.program_id(0)
     i_hb = pid % HEAD_BLOCKS
     i_s = (pid // HEAD_BLOCKS) % SPLITS
@@ -98,6 +102,8 @@ def _sparse_mla_kernel(
     o_dl = tl.arange(0, D_LATENT)
     o_dr = tl.arange(0, D_ROPE)
     o_n = tl.arange(0, BLOCK_N)
+    o_g = tl.arange(0, N_GROUPS)
+    o_w = tl.arange(0, D_LATENT // 4)
 
     # [BLOCK_H, D_LATENT], [BLOCK_H, D_ROPE]
     p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh
@@ -123,8 +129,26 @@ def _sparse_mla_kernel(
             b_blk = (b_slot // KV_BLOCK).to(tl.int64)
             p_row = kv_ptr + b_blk * stride_kvb + (b_slot % KV_BLOCK) * stride_kvs
         # [BLOCK_N, D_LATENT] is K's latent part and V; [BLOCK_N, D_ROPE] K's rope part
-        b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
-        b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None], other=0.0)
+        if FP8_DS_MLA:  # 656-B rows: e4m3 x per-128 fp32 scale -> q's dtype; rope 16-bit as is
+            # 4 e4m3 bytes per int32 word: the pipeliner gives word loads a cp.async ring (it
+            # left the [BLOCK_N, 512] byte load synchronous), unpacked little-endian below
+            p_w = p_row.to(tl.pointer_type(tl.int32))
+            b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
+            b_k8 = tl.join(tl.join(b_w & 0xFF, (b_w >> 16) & 0xFF),
+                           tl.join((b_w >> 8) & 0xFF, (b_w >> 24) & 0xFF))  # fmt: skip
+            b_k8 = tl.reshape(b_k8, [BLOCK_N, D_LATENT]).to(tl.uint8)
+            p_sc = (p_row + D_LATENT).to(tl.pointer_type(tl.float32))
+            b_sc = tl.load(p_sc[:, None] + o_g[None, :], mask=m_valid[:, None], other=0.0)
+            b_kv = tl.reshape(b_k8.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32),
+                              [BLOCK_N, N_GROUPS, D_LATENT // N_GROUPS])  # fmt: skip
+            b_kv = tl.reshape(b_kv * b_sc[:, :, None], [BLOCK_N, D_LATENT])
+            b_kv = b_kv.to(q_ptr.dtype.element_ty)
+            p_kr = (p_row + D_LATENT + 4 * N_GROUPS).to(tl.pointer_type(q_ptr.dtype.element_ty))
+            b_kr = tl.load(p_kr[:, None] + o_dr[None, :], mask=m_valid[:, None], other=0.0)
+        else:
+            b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
+            b_kr = tl.load(p_row[:, None] + D_LATENT + o_dr[None, :], mask=m_valid[:, None],
+                           other=0.0)  # fmt: skip
         # next tile's ids, loaded now so the pipeliner can issue the next gather early
         k_next = (i_s + (j + 1) * SPLITS) * BLOCK_N
         b_idx = tl.load(p_idx + k_next + o_n, mask=k_next + o_n < TOPK, other=-1)
@@ -310,14 +334,19 @@ def _check(q: torch.Tensor, kv_cache: torch.Tensor, indices: torch.Tensor) -> No
         raise ValueError(f"q must be [T, H, {D_QK}], got {tuple(q.shape)}")
     if q.dtype not in (torch.float16, torch.bfloat16):
         raise TypeError(f"q must be float16 or bfloat16, got {q.dtype}")
-    if kv_cache.dtype != q.dtype:
-        raise TypeError(f"kv_cache dtype {kv_cache.dtype} differs from q dtype {q.dtype}")
-    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1 and kv_cache.shape[3] == D_QK:
-        pass
-    elif kv_cache.dim() != 3 or kv_cache.shape[-1] != D_QK:
-        raise ValueError(
-            f"kv_cache must be [num_blocks, block_size, {D_QK}], got {tuple(kv_cache.shape)}"
+    row = FP8_ROW_BYTES if kv_cache.dtype == torch.uint8 else D_QK  # uint8 = fp8_ds_mla rows
+    if kv_cache.dtype not in (q.dtype, torch.uint8):
+        raise TypeError(
+            f"kv_cache dtype {kv_cache.dtype} is neither q's dtype {q.dtype} nor uint8 (fp8_ds_mla)"
         )
+    if kv_cache.dim() == 4 and kv_cache.shape[2] == 1 and kv_cache.shape[3] == row:
+        pass
+    elif kv_cache.dim() != 3 or kv_cache.shape[-1] != row:
+        raise ValueError(
+            f"kv_cache must be [num_blocks, block_size, {row}], got {tuple(kv_cache.shape)}"
+        )
+    if row == FP8_ROW_BYTES and (kv_cache.stride(-2) % 4 or kv_cache.stride(0) % 4):
+        raise ValueError("fp8_ds_mla rows must start 4-byte aligned (fp32 scales)")
     if indices.dim() != 2 or indices.shape[0] != q.shape[0]:
         raise ValueError(f"indices must be [T={q.shape[0]}, K], got {tuple(indices.shape)}")
     if indices.dtype != torch.int32:
@@ -341,7 +370,9 @@ def sparse_mla_attention(
 
     Args:
         q: [T, H, 576] fp16/bf16 (512 latent + 64 rope), last dim contiguous.
-        kv_cache: [num_blocks, block_size, 576] (or [num_blocks, block_size, 1, 576]), q's dtype.
+        kv_cache: [num_blocks, block_size, 576] (or [num_blocks, block_size, 1, 576]), q's dtype;
+            or uint8 [num_blocks, block_size, 656] ``fp8_ds_mla`` rows (see fp8_ds_mla.py), whose
+            rope part is in q's dtype.
         indices: [T, K] int32 global slot ids, -1 = empty. K must be a multiple of 16.
         scale: softmax scale applied to the full 576-value dot product.
         out: optional [T, H, 512] in q's dtype (written fully; any prior content ignored).
@@ -439,6 +470,7 @@ def _launch(
         # Triton 3.6's interpreter mis-computes bf16 tl.dot (integer-like garbage); on CPU the
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
+        FP8_DS_MLA=kv_cache.dtype == torch.uint8,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
