@@ -3,6 +3,8 @@
 Reads WORK/steps.tsv (one block per pipeline invocation: step, status, seconds), OUT/failures.json
 (tests/e2e/repro_failures.py), OUT/smoke.json (scripts/smoke_test.py), OUT/routes.json
 (tests/e2e/route_check.py) and WORK/logs/health.log.
+The run's API key (WORK/api_key) never reaches the summary: vLLM logs its non-default arguments,
+the key among them, and the summary is committed as run evidence.
 Only the standard library: it runs with any python3.
 
     python tests/e2e/e2e_report.py --work /tmp/e2e --out $OUT
@@ -41,6 +43,15 @@ def load_json(path: Path) -> object:
         return None
 
 
+def redactor(work: Path):
+    """A function that replaces the run's API key in a text; identity when there is none."""
+    try:
+        key = (work / "api_key").read_text().strip()
+    except OSError:
+        key = ""
+    return (lambda text: text.replace(key, "<api-key>")) if key else (lambda text: text)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--work", type=Path, required=True, help="the pipeline's WORK folder")
@@ -59,13 +70,14 @@ def main(argv: list[str] | None = None) -> int:
         keep = ("passed", "routes_checked", "routes_listed", "requests", "open", "error")
         routes = {k: routes[k] for k in keep if k in routes}
     health = args.work / "logs" / "health.log"
+    redact = redactor(args.work)
     summary = {
         "invocations": invocations,
         "latest": latest,
         "failures": failures,
         "smoke": smoke,
         "routes": routes,
-        "server_highlights": health.read_text().splitlines() if health.is_file() else [],
+        "server_highlights": redact(health.read_text()).splitlines() if health.is_file() else [],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

@@ -216,7 +216,7 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
     xl serve.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.glm_chat --hf-dir "$CKPT" \
       --template "$CHAT_TEMPLATE" || return 1
   fi
-  printf '+ setsid'; printf ' %q' "${cmd[@]}"; printf ' > %s 2>&1 &\n' "$LOGS/server.log"
+  { printf '+ setsid'; printf ' %q' "${cmd[@]}"; printf ' > %s 2>&1 &\n' "$LOGS/server.log"; } | redact
   [ "$DRY_RUN" = 1 ] && return 0
   date +%s > "$WORK/server.started"
   # own session: survives the end of this device call (stop kills the whole group)
@@ -310,12 +310,21 @@ step_stop() {
   rm -f "$PIDFILE"
 }
 
+# The run's key out of everything that leaves WORK: vLLM logs its arguments, the key among them.
+redact() {
+  local key=""; [ -s "$WORK/api_key" ] && key=$(cat "$WORK/api_key")
+  if [ -n "$key" ]; then sed "s/$key/<api-key>/g"; else cat; fi
+}
+
 report() {
   echo "== report"
   x "$PY" tests/e2e/e2e_report.py --work "$WORK" --out "$OUT"
   [ "$DRY_RUN" = 1 ] && return 0
-  [ -f "$LOGS/server.log" ] && tail -c 8000000 "$LOGS/server.log" > "$OUT/server.log"
-  tar -C "$WORK" -czf "$OUT/logs.tgz" logs 2>/dev/null
+  [ -f "$LOGS/server.log" ] && tail -c 8000000 "$LOGS/server.log" | redact > "$OUT/server.log"
+  local copy="$WORK/redacted"; rm -rf "$copy"; mkdir -p "$copy/logs"
+  for f in "$LOGS"/*; do [ -f "$f" ] && redact < "$f" > "$copy/logs/${f##*/}"; done
+  tar -C "$copy" -czf "$OUT/logs.tgz" logs 2>/dev/null
+  rm -rf "$copy"
   ls -la "$OUT"
 }
 

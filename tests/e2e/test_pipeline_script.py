@@ -211,6 +211,22 @@ def test_report_summarises_steps_failures_and_smoke(tmp_path: Path) -> None:
     assert "repro ok  backend: ValueError: No valid attention backend found" in r.stdout
 
 
+def test_report_keeps_the_api_key_out_of_the_summary(tmp_path: Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    (work / "logs").mkdir(parents=True)
+    (work / "api_key").write_text("e2e-0123456789abcdef01234567\n")
+    (work / "logs" / "health.log").write_text(
+        "non-default args: {'api_key': ['e2e-0123456789abcdef01234567'], 'port': 8000}\n"
+    )
+    r = run([sys.executable, str(HERE / "e2e_report.py"), "--work", str(work), "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    text = (out / "summary.json").read_text()
+    assert "e2e-0123456789abcdef01234567" not in text
+    assert json.loads(text)["server_highlights"] == [
+        "non-default args: {'api_key': ['<api-key>'], 'port': 8000}"
+    ]
+
+
 def test_convert_wrapper_needs_converter_arguments(tmp_path: Path) -> None:
     convert = [sys.executable, "-m", "support.llama_cpp", "convert", "--llama-cpp", str(tmp_path)]
     tests_path = {"PYTHONPATH": str(REPO / "tests")}
