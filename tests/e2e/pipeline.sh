@@ -105,14 +105,14 @@ elapsed() { echo $(( $(date +%s) - T0 )); }
 say() { printf '[e2e %(%H:%M:%S)T +%ss] %s\n' -1 "$(elapsed)" "$*"; }
 # x CMD...: print the command; run it unless --dry-run
 x() {
-  printf '+'; printf ' %q' "$@"; printf '\n'
+  { printf '+'; printf ' %q' "$@"; printf '\n'; } | redact
   [ "$DRY_RUN" = 1 ] && return 0
   "$@"
 }
 # xl LOG CMD...: the same, output appended to $LOGS/LOG and shown
 xl() {
   local log=$1; shift
-  printf '+'; printf ' %q' "$@"; printf ' >> %s\n' "$LOGS/$log"
+  { printf '+'; printf ' %q' "$@"; printf ' >> %s\n' "$LOGS/$log"; } | redact
   [ "$DRY_RUN" = 1 ] && return 0
   "$@" 2>&1 | tee -a "$LOGS/$log"
   return "${PIPESTATUS[0]}"
