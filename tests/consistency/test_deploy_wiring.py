@@ -12,11 +12,11 @@ import yaml
 REPO = Path(__file__).resolve().parents[2]
 ROLES = REPO / "playbooks/roles"
 SCRIPTS = REPO / "scripts"
-# role -> (its internal list of shipped tools, the tool its tasks run)
+# role -> (its internal list of shipped tools, the tools its tasks run)
 SHIPPING = {
-    "gguf_weights": ("__gguf_weights_tools", "gguf_merge.py"),
-    "vllm_patches": ("__vllm_patches_tools", "vllm_patches.py"),
-    "vllm_smoke": ("__vllm_smoke_tools", "smoke_test.py"),
+    "gguf_weights": ("__gguf_weights_tools", ("gguf_merge.py", "gguf_types_check.py")),
+    "vllm_patches": ("__vllm_patches_tools", ("vllm_patches.py",)),
+    "vllm_smoke": ("__vllm_smoke_tools", ("smoke_test.py",)),
 }
 
 
@@ -43,11 +43,12 @@ def _local_imports(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("role", sorted(SHIPPING))
 def test_a_role_ships_its_tool_and_every_module_the_tool_imports(role: str) -> None:
-    var, tool = SHIPPING[role]
+    var, tools = SHIPPING[role]
     shipped = _yaml(ROLES / role / "vars/main.yml")[var]
-    assert tool in shipped
+    assert set(tools) <= set(shipped)
+    assert all(f"scripts/{tool}" in _tasks(role) for tool in tools), f"{role} runs {tools}"
     assert all((SCRIPTS / name).is_file() for name in shipped), shipped
-    closure, todo = set(), [tool]
+    closure, todo = set(), list(tools)
     while todo:
         name = todo.pop()
         if name not in closure:
@@ -64,7 +65,7 @@ def test_no_role_copies_the_whole_scripts_directory() -> None:
 
 
 def test_tests_and_fixtures_are_never_shipped() -> None:
-    for role, (var, _tool) in SHIPPING.items():
+    for role, (var, _tools) in SHIPPING.items():
         for name in _yaml(ROLES / role / "vars/main.yml")[var]:
             assert not name.startswith(("test_", "tiny_")), f"{role} ships the fixture {name}"
 

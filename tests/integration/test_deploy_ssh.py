@@ -43,8 +43,8 @@ TARGET_SWITCHES = {
 }
 
 
-def _write_shards(directory: Path) -> None:
-    """Three llama.cpp-style split shards written by gguf-py (tiny tensors)."""
+def _write_shards(directory: Path, prefix: str = "tiny", dtype: str = "float32") -> None:
+    """Three llama.cpp-style split shards written by gguf-py (tiny tensors of `dtype`)."""
     import gguf
     import numpy as np
 
@@ -52,7 +52,7 @@ def _write_shards(directory: Path) -> None:
     tensors = [[("a", 3), ("b", 5)], [("c", 7)], [("d", 2), ("e", 9)]]
     total = sum(len(t) for t in tensors)
     for i, shard in enumerate(tensors):
-        path = directory / f"tiny-{i + 1:05d}-of-{len(tensors):05d}.gguf"
+        path = directory / f"{prefix}-{i + 1:05d}-of-{len(tensors):05d}.gguf"
         writer = gguf.GGUFWriter(str(path), "llama")
         if i == 0:
             writer.add_name("tiny")
@@ -60,7 +60,7 @@ def _write_shards(directory: Path) -> None:
         writer.add_uint16("split.count", len(tensors))
         writer.add_int32("split.tensors.count", total)
         for name, n in shard:
-            writer.add_tensor(f"{name}.weight", np.arange(n, dtype=np.float32) + i)
+            writer.add_tensor(f"{name}.weight", np.arange(n, dtype=dtype) + i)
         writer.write_header_to_file()
         writer.write_kv_data_to_file()
         writer.write_tensors_to_file()
@@ -276,6 +276,30 @@ def test_merge_is_stamped_and_redone_only_when_a_shard_changes(target: dict) -> 
     assert len(list(Path(v["gguf_weights_shard_dir"]).glob("*.gguf"))) == 3  # never deleted
     again = _by_name(target, ANSIBLE_ARGS=f"--tags model {target['inv_args']}")
     assert again.recap(HOST)["changed"] == 0
+
+
+def test_a_tensor_type_vllm_cannot_serve_is_refused_before_any_merge(target: dict) -> None:
+    # F64 has no GGUF kernel in vLLM 0.23.0 (scripts/gguf_types_check.py); the refusal must come
+    # before the merge writes a byte, and check mode must show it too (not hide it as changed=N).
+    root = target["root"]
+    _write_shards(root / "shards-f64", prefix="f64", dtype="float64")
+    merged = root / "srv-f64/GLM-5-F64.gguf"
+    extra = root / "f64.yml"
+    extra.write_text(yaml.safe_dump({
+        "gguf_weights_shard_dir": str(root / "shards-f64"),
+        "gguf_weights_shard_glob": "f64-*.gguf",
+        "gguf_weights_merged_path": str(merged),
+    }))  # fmt: skip
+    want = (
+        f"error: {HOST}: f64-00001-of-00003.gguf: tensor a.weight has GGUF type F64, which vLLM "
+        "0.23.0 cannot serve: no GGUF linear/embedding kernel takes this type"
+    )
+    for check in ("0", "1"):
+        result = _by_name(target, ANSIBLE_ARGS=f"--tags model -e @{extra}", CHECK=check)
+        assert result.rc != 0, result.output[-4000:]
+        assert want in " ".join(result.output.split()), result.output[-4000:]
+        assert "(4 more tensors refused)" in result.output
+    assert not merged.parent.exists() or not any(merged.parent.iterdir())
 
 
 def test_patch_drift_stops_verify_with_the_tools_message(target: dict) -> None:
