@@ -43,6 +43,9 @@ import sys
 import time
 from pathlib import Path
 
+# the service's default (vllm_service_max_num_batched_tokens): 8192 x top-8 overflows the GGUF MoE
+# vec kernel's 65535-block grid z, the only kernel IQ experts have (benchmarks/gguf_moe_probe.py)
+MAX_BATCHED_TOKENS = 8191
 REPO = Path(__file__).resolve().parent.parent
 SCRIPTS = REPO / "scripts"
 H200_TBS = 4.25  # the H200 figure (datasheet 4.8; ~4.2-4.3 measured copies here)
@@ -369,7 +372,8 @@ def run_case(args: argparse.Namespace) -> dict:
     kwargs = dict(
         model=args.gguf, hf_config_path=args.hf, tokenizer=args.hf, skip_tokenizer_init=True,
         load_format="gguf", dtype=dtype, attention_backend=backend, block_size=64,
-        max_model_len=max_ctx + 256, max_num_seqs=max(args.batches), max_num_batched_tokens=8192,
+        max_model_len=max_ctx + 256, max_num_seqs=max(args.batches),
+        max_num_batched_tokens=MAX_BATCHED_TOKENS,
         gpu_memory_utilization=0.88, enable_prefix_caching=False, seed=0,
     )  # fmt: skip
     compile_cfgs = [

@@ -1,15 +1,24 @@
-"""Do vLLM 0.23.0's GGUF MoE kernels address experts past 2 GiB of one expert tensor? (GPU probe)
+"""Where vLLM 0.23.0's GGUF MoE kernels stop being right, at GLM-5's sizes (GPU probe).
 
-GLM-5 at TP1 has w13 = 256 experts x 4096 rows x 6144 (Q4_K: 3.6 GB) per layer, past 2^31 bytes;
-one TP8 rank has 453 MB. The full-view serving benchmark died with an illegal memory access at
-the first forward while the TP8 view served. This probe calls ggml_moe_a8_vec (decode) and
-ggml_moe_a8 (MMQ, > 64 tokens) on random Q4_K experts, routes every token to one expert, and
-compares with gguf dequantization of that expert (ggml_dequantize) times x. Each case runs in its
-own process: an illegal access poisons the CUDA context.
+Two limits read in vLLM's csrc/quantization/gguf/, each probed on both sides of its edge:
+- MMQ (ggml_moe_a8, batches > 64 tokens of standard/K types) finds expert e at
+  `(char*)vx + exp_idx * exp_stride` with both `int`: past 2^31 bytes of one expert tensor the
+  offset wraps. GLM-5 at TP1 has w13 = 256 experts x 4096 rows x 6144 (Q4_K: 14.2 MB an expert,
+  3.6 GB a layer): expert 151 starts at 2,137,522,176 B, expert 152 past 2^31. One TP8 rank
+  (453 MB) never gets there. The full-view serving benchmark died at its first forward.
+- vec (ggml_moe_a8_vec: every batch of IQ types, batches <= 64 of the others) launches a grid
+  whose z is tokens x top_k, and CUDA caps grid z at 65535: at top-8, 8191 tokens a step run
+  and 8192 (vLLM's default prefill chunk on large GPUs) do not.
+
+Each case routes its tokens to known experts of random Q4_K weights and compares the output
+with gguf dequantization (ggml_dequantize) of those experts times x. The cases run in one child
+process; a CUDA error ends the child (an illegal access poisons its context) and the next case
+starts in a fresh one. Every row says what the source predicts and what happened.
 
     PYTHONPATH=/tmp/site python benchmarks/gguf_moe_probe.py --json out.json
 
-Exit: 0 probe ran (whatever the verdicts), 1 the probe could not run, 2 usage.
+Exit: 0 every case matched its prediction, 1 a case did not (or the probe could not run),
+2 usage.
 """
 
 from __future__ import annotations
@@ -18,76 +27,125 @@ import argparse
 import json
 import subprocess
 import sys
+import time
+from typing import Any
 
 Q4_K = 12
 K = 6144
-N = 4096  # 2 x moe_intermediate 2048
+N = 4096  # w13 rows: 2 x moe_intermediate 2048
 ROW_BYTES = K // 256 * 144
+GRID_Z_MAX = 65535
+INT32_MAX = 2**31 - 1
+EXAMPLES = "example:\n  PYTHONPATH=/tmp/site python benchmarks/gguf_moe_probe.py --json out.json"
 
-CASES = [  # (experts, routed expert, kernel, tokens)
-    (64, 63, "vec", 1),
-    (64, 63, "mmq", 128),
-    (256, 0, "vec", 1),
-    (256, 0, "mmq", 128),
-    (256, 255, "vec", 1),
-    (256, 255, "mmq", 128),
+# (name, kernel, experts, first routed expert, tokens, top_k)
+CASES = [
+    ("mmq-expert-151", "mmq", 256, 151, 128, 1),
+    ("mmq-expert-152", "mmq", 256, 152, 128, 1),
+    ("mmq-expert-255", "mmq", 256, 255, 128, 1),
+    ("vec-expert-255", "vec", 256, 255, 1, 1),
+    ("vec-8191-tokens-top8", "vec", 8, 0, 8191, 8),
+    ("vec-8192-tokens-top8", "vec", 8, 0, 8192, 8),
 ]
 
 
-def one(experts: int, expert: int, kernel: str, tokens: int) -> dict:
+def predicted_ok(kernel: str, expert: int, tokens: int, top_k: int) -> bool:
+    if kernel == "mmq":
+        return (expert + top_k - 1) * N * ROW_BYTES <= INT32_MAX
+    return tokens * top_k <= GRID_Z_MAX
+
+
+def run_case(kernel: str, experts: int, expert: int, tokens: int, top_k: int) -> dict[str, Any]:
     import torch
     from vllm import _custom_ops as ops
     from vllm.model_executor.layers.fused_moe.fused_moe import moe_align_block_size
 
     torch.manual_seed(0)
     w = torch.randint(0, 256, (experts, N, ROW_BYTES), dtype=torch.uint8, device="cuda")
-    # fp16 d and dmin of every block small and finite (bytes 0-3 of each 144-byte block)
+    # fp16 d and dmin of every 144-byte block small and finite (its bytes 0-3)
     blocks = w.view(experts, N, K // 256, 144)
     scale = torch.tensor([5e-5], dtype=torch.float16).view(torch.uint8).cuda()
     blocks[..., 0:2] = scale
     blocks[..., 2:4] = scale
     x = torch.randn(tokens, K, dtype=torch.float16, device="cuda")
-    ids = torch.full((tokens, 1), expert, dtype=torch.int32, device="cuda")
+    routed = [expert + j for j in range(top_k)]
+    ids = torch.tensor([routed] * tokens, dtype=torch.int32, device="cuda")
     if kernel == "vec":
-        out = ops.ggml_moe_a8_vec(x, w, ids, 1, Q4_K, N, tokens)
+        out = ops.ggml_moe_a8_vec(x, w, ids, top_k, Q4_K, N, tokens)
     else:
         bs = ops.ggml_moe_get_block_size(Q4_K)
         sorted_ids, expert_ids, n_post = moe_align_block_size(ids, bs, experts)
-        out = ops.ggml_moe_a8(x, w, sorted_ids, expert_ids, n_post, Q4_K, N, 1, tokens)
+        out = ops.ggml_moe_a8(x, w, sorted_ids, expert_ids, n_post, Q4_K, N, top_k, tokens)
     torch.cuda.synchronize()
-    ref_w = ops.ggml_dequantize(w[expert].contiguous(), Q4_K, N, K, torch.float16)
-    ref = x.float() @ ref_w.float().T
-    got = out.float().view(tokens, N)
-    rel = float((got - ref).norm() / ref.norm())
-    return {"rel_err": rel, "ok": bool(rel < 2e-2), "w_bytes": w.numel()}
+    got = out.float().view(tokens, top_k, N)
+    rows = sorted({0, tokens - 1})  # the first and the last token: the grid's two ends
+    err = 0.0
+    for j, e in enumerate(routed):
+        ref_w = ops.ggml_dequantize(w[e].contiguous(), Q4_K, N, K, torch.float16).float()
+        ref = x[rows].float() @ ref_w.T
+        err = max(err, float((got[rows, j] - ref).norm() / ref.norm()))
+    return {"rel_err": err, "ok": bool(err < 2e-2)}
+
+
+def child(start: int) -> int:
+    """Run CASES[start:], one JSON line each; stop at the first CUDA error."""
+    for i in range(start, len(CASES)):
+        name, kernel, experts, expert, tokens, top_k = CASES[i]
+        t0 = time.time()
+        try:
+            row = run_case(kernel, experts, expert, tokens, top_k)
+        except Exception as exc:  # a CUDA error: record it, end this process
+            msg = " ".join(f"{type(exc).__name__}: {exc}".split())[:300]
+            print(json.dumps({"i": i, "ok": False, "error": msg}), flush=True)
+            return 1
+        print(json.dumps({"i": i, **row, "seconds": round(time.time() - t0, 2)}), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--json", help="write the verdicts here")
-    p.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--json", help="write the rows here")
+    p.add_argument("--timeout", type=float, default=300, help="seconds for each child")
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    if args.one:
-        e, x, k, t = args.one
-        print(json.dumps(one(int(e), int(x), k, int(t))))
-        return 0
-    results = []
-    for e, x, k, t in CASES:
-        r = subprocess.run([sys.executable, __file__, "--one", str(e), str(x), k, str(t)],
-                           capture_output=True, text=True, timeout=120)  # fmt: skip
-        row = {"experts": e, "expert": x, "kernel": k, "tokens": t,
-               "offset_bytes": x * N * ROW_BYTES}  # fmt: skip
+    if args.child is not None:
+        return child(args.child)
+    done: dict[int, dict[str, Any]] = {}
+    start = 0
+    while start < len(CASES):
         try:
-            row |= json.loads(r.stdout.strip().splitlines()[-1])
-        except (IndexError, json.JSONDecodeError):
-            err = [ln for ln in r.stderr.splitlines() if "Error" in ln or "error" in ln]
-            row |= {"ok": False, "crash": (err[-1] if err else r.stderr[-300:])[:300]}
+            r = subprocess.run([sys.executable, __file__, "--child", str(start)],
+                               capture_output=True, text=True, timeout=args.timeout)  # fmt: skip
+            out, tail = r.stdout, r.stderr[-300:]
+        except subprocess.TimeoutExpired as exc:
+            out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            tail = f"child timed out after {args.timeout:.0f} s"
+        for line in out.splitlines():
+            if line.startswith("{"):
+                row = json.loads(line)
+                done[row.pop("i")] = row
+        if start not in done:  # died before its first line: record and move on
+            done[start] = {"ok": False, "error": " ".join(tail.split())}
+        start = max(done) + 1
+    results = []
+    for i, (name, kernel, experts, expert, tokens, top_k) in enumerate(CASES):
+        want = predicted_ok(kernel, expert, tokens, top_k)
+        row = {"case": name, "kernel": kernel, "experts": experts, "expert": expert,
+               "tokens": tokens, "top_k": top_k,
+               "offset_bytes": (expert + top_k - 1) * N * ROW_BYTES,
+               "grid_z": tokens * top_k if kernel == "vec" else None,
+               "predicted_ok": want, **done[i]}  # fmt: skip
+        row["as_predicted"] = row["ok"] == want
         results.append(row)
         print(json.dumps(row), flush=True)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=1)
-    return 0
+    return 0 if all(r["as_predicted"] for r in results) else 1
 
 
 if __name__ == "__main__":

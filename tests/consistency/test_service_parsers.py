@@ -119,3 +119,13 @@ def test_parser_choices_cover_the_defaults_and_off() -> None:
         option = options[f"vllm_service_{var}"]
         assert option["default"] == defaults[f"vllm_service_{var}"] == default
         assert "" in option["choices"] and default in option["choices"]
+
+
+def test_prefill_chunk_stays_inside_the_gguf_moe_vec_kernels_grid() -> None:
+    # 8192 (vLLM's default on a >= 70 GiB GPU) x top-8 = 65536 blocks on grid z: IQ experts fail
+    argv = exec_start(render_unit())
+    i = argv.index("--max-num-batched-tokens")
+    assert int(argv[i + 1]) * 8 <= 65535
+    assert argv[i - 2] == "--max-model-len"
+    raised = exec_start(render_unit(vllm_service_max_num_batched_tokens=16384))
+    assert raised[raised.index("--max-num-batched-tokens") + 1] == "16384"
