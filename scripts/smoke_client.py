@@ -680,6 +680,16 @@ class Settings:
     tools: bool = False  # the tools and tools_stream checks
     reasoning: bool = False  # the reasoning check
 
+    def summary(self) -> dict[str, Any]:
+        """The report's `settings`: what shapes its figures, and no secret."""
+        return {
+            "requests": self.requests,
+            "concurrency": min(self.concurrency, self.requests),
+            "max_tokens": self.max_tokens,
+            "timeout_s": self.timeout,
+            "api_key_set": bool(self.api_key),
+        }
+
 
 class Smoke:
     """Runs the checks against one endpoint with one openai client (shared by threads)."""
