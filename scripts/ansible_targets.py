@@ -168,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if "--" in argv:
         cut = argv.index("--")
         argv, command = argv[:cut], argv[cut + 1 :]
+    # Not cli_args.parser: the fabfiles import this module as scripts.ansible_targets.
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
         epilog="\n".join(__doc__.split("Examples:\n", 1)[1].splitlines()),
@@ -175,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--host", required=True, help="group, host, localhost, hostname or IP")
     parser.add_argument(
-        "--inventory",
-        type=Path,
-        default=None,
-        help="the inventory file (default: inventory/hosts.yml when it exists)",
+        "--inventory", type=Path, help="inventory file (default: inventory/hosts.yml if it exists)"
     )
     parser.add_argument("--members", action="store_true", help="print the member hosts")
     args = parser.parse_args(argv)

@@ -98,13 +98,13 @@ def glm5(layers: int = 4, experts: int = 256) -> Geometry:
 def tp8_shard(layers: int = 4, experts: int = 256) -> Geometry:
     """One rank of TP8: heads, expert/shared/dense intermediates split 8 ways; the indexer is
     replicated in vLLM's GLM-5 code (ReplicatedLinear), so it keeps 32 heads."""
-    return Geometry(
-        layers=layers,
-        experts=experts,
-        heads=8,
-        moe_inter=256,
-        shared_inter=256,
-        dense_inter=1536,
+    full, ranks = glm5(layers, experts), 8
+    return dataclasses.replace(
+        full,
+        heads=full.heads // ranks,
+        moe_inter=full.moe_inter // ranks,
+        shared_inter=full.shared_inter // ranks,
+        dense_inter=full.dense_inter // ranks,
         name="glm5-tp8-shard",
     )
 

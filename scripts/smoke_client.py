@@ -37,13 +37,14 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 import openai
 import safe_files
 
 log = logging.getLogger("smoke_test")
+_T = TypeVar("_T")
 
 PROMPT = "The capital of France is"
 CHAT_MESSAGES = [{"role": "user", "content": "Say hello in five words."}]
@@ -70,6 +71,8 @@ TOOL = {
 TOOL_MESSAGES = [
     {"role": "user", "content": "What is the weather in Paris for the next 3 days? Use the tool."}
 ]
+# The tools checks' request, streamed or not.
+TOOL_REQUEST: dict[str, Any] = {"messages": TOOL_MESSAGES, "tools": [TOOL], "tool_choice": "auto"}
 # GLM's markers (GLM-4.5 to GLM-5): left in `content`, the server's parser did not take them.
 TOOL_MARKUP = ("<tool_call>", "</tool_call>", "<arg_key>", "<arg_value>")
 THINK_MARKUP = ("<think>", "</think>")
@@ -495,6 +498,22 @@ def _describe_calls(calls: list[tuple[str, Any]]) -> str:
     return _one_line(shown, 100)
 
 
+def _stream_event(payload: str, label: str) -> dict[str, Any]:
+    """One SSE data payload as a JSON object; CheckFailed for non-JSON, non-objects and the
+    error events a server sends mid-stream."""
+    try:
+        event = json.loads(payload)
+    except json.JSONDecodeError:
+        raise CheckFailed(f"{label} is not JSON: {_excerpt(payload)}") from None
+    if not isinstance(event, dict):
+        raise CheckFailed(f"{label} is {_json_type(event)}, expected an object")
+    if event.get("error"):
+        error = event["error"]
+        msg = error.get("message", error) if isinstance(error, dict) else error
+        raise CheckFailed(f"error event mid-stream: {_one_line(msg)}")
+    return event
+
+
 # -- server-sent events -----------------------------------------------------------------------
 
 
@@ -660,6 +679,16 @@ class Settings:
     timeout: float
     tools: bool = False  # the tools and tools_stream checks
     reasoning: bool = False  # the reasoning check
+
+    def summary(self) -> dict[str, Any]:
+        """The report's `settings`: what shapes its figures, and no secret."""
+        return {
+            "requests": self.requests,
+            "concurrency": min(self.concurrency, self.requests),
+            "max_tokens": self.max_tokens,
+            "timeout_s": self.timeout,
+            "api_key_set": bool(self.api_key),
+        }
 
 
 class Smoke:
@@ -886,16 +915,11 @@ class Smoke:
         )
 
     # -- tool calls and reasoning -----------------------------------------------------------
-    def check_tools(self) -> str:
-        """A function-tool request is accepted and its reply parses; a call, if made, is valid."""
-        where = f"POST {self.shown_url}/chat/completions (tools)"
+    def _reply(self, where: str, **request: Any) -> tuple[str | None, dict[str, Any], str, str]:
+        """One non-streamed chat completion: (finish_reason, message, content, reasoning)."""
         body = self._raw(
             lambda: self.client.chat.completions.with_raw_response.create(
-                model=self._model,
-                messages=TOOL_MESSAGES,
-                tools=[TOOL],
-                tool_choice="auto",
-                max_tokens=self.s.max_tokens,
+                model=self._model, max_tokens=self.s.max_tokens, **request
             ),
             "POST",
             "/chat/completions",
@@ -904,7 +928,12 @@ class Smoke:
         finish = _optional(choice, "finish_reason", str, f"{where}: choices[0]")
         message = _field(choice, "message", dict, f"{where}: choices[0]")
         content = _optional(message, "content", str, f"{where}: message") or ""
-        reasoning = _reasoning_field(message, f"{where}: message")
+        return finish, message, content, _reasoning_field(message, f"{where}: message")
+
+    def check_tools(self) -> str:
+        """A function-tool request is accepted and its reply parses; a call, if made, is valid."""
+        where = f"POST {self.shown_url}/chat/completions (tools)"
+        finish, message, content, reasoning = self._reply(where, **TOOL_REQUEST)
         raw_calls = _optional(message, "tool_calls", list, f"{where}: message") or []
         calls = []
         for i, call in enumerate(raw_calls):
@@ -927,77 +956,23 @@ class Smoke:
 
     def check_tools_stream(self) -> str:
         """The same request streamed: tool-call deltas rebuild into valid calls, [DONE] ends it."""
-        ok = False
-        try:
-            result = self._stream_tools()
-            ok = True
-            return result
-        finally:
-            self.tally(ok)
+        return self._tallied(self._stream_tools)
 
     def _stream_tools(self) -> str:
-        path = "/chat/completions"
-        where = f"POST {self.shown_url}{path} (tools, streamed)"
+        where = f"POST {self.shown_url}/chat/completions (tools, streamed)"
         content: list[str] = []
         reasoning: list[str] = []
         calls: dict[int, dict[str, Any]] = {}
-        finish: str | None = None
-        done = False
-        events_seen = 0
-        try:
-            with self.client.chat.completions.with_streaming_response.create(
-                model=self._model,
-                messages=TOOL_MESSAGES,
-                tools=[TOOL],
-                tool_choice="auto",
-                max_tokens=self.s.max_tokens,
-                stream=True,
-            ) as response:
-                events = sse_data(
-                    response.http_response.iter_bytes(), max_stream_events(self.s.max_tokens)
-                )
-                for n, payload in enumerate(events):
-                    events_seen = n
-                    if payload == "[DONE]":
-                        done = True
-                        break
-                    try:
-                        event = json.loads(payload)
-                    except json.JSONDecodeError:
-                        raise CheckFailed(
-                            f"stream event {n} is not JSON: {_excerpt(payload)}"
-                        ) from None
-                    label = f"stream event {n}"
-                    if not isinstance(event, dict):
-                        raise CheckFailed(f"{label} is {_json_type(event)}, expected an object")
-                    if event.get("error"):
-                        error = event["error"]
-                        msg = error.get("message", error) if isinstance(error, dict) else error
-                        raise CheckFailed(f"error event mid-stream: {_one_line(msg)}")
-                    for choice in _optional(event, "choices", list, label) or []:
-                        if not isinstance(choice, dict):
-                            raise CheckFailed(f"{label}: a choice is {_json_type(choice)}")
-                        delta = _optional(choice, "delta", dict, label) or {}
-                        content.append(_optional(delta, "content", str, label) or "")
-                        reasoning.append(_reasoning_field(delta, label))
-                        for tc in _optional(delta, "tool_calls", list, label) or []:
-                            self._tool_delta(calls, tc, label)
-                        finish = _optional(choice, "finish_reason", str, label) or finish
-        except CheckFailed as exc:
-            raise CheckFailed(f"{where}: {exc}") from exc
-        except DeadlineExceeded as exc:
-            raise CheckFailed(
-                f"stream not finished within {self.timeout:g} s (--timeout) from {where}"
-            ) from exc
-        except BoundError as exc:
-            raise CheckFailed(f"stream refused after {events_seen} events: {exc}") from exc
-        except (openai.APIError, httpx2.TimeoutException) as exc:
-            raise CheckFailed(self.describe(exc, "POST", path)) from exc
-        except httpx2.TransportError as exc:
-            raise CheckFailed(
-                f"stream broken after {events_seen} events: connection closed before [DONE] "
-                f"({_one_line(exc) or type(exc).__name__})"
-            ) from exc
+
+        def on_delta(delta: dict[str, Any], label: str) -> None:
+            content.append(_optional(delta, "content", str, label) or "")
+            reasoning.append(_reasoning_field(delta, label))
+            for tc in _optional(delta, "tool_calls", list, label) or []:
+                self._tool_delta(calls, tc, label)
+
+        done, events_seen, finish = self._stream(
+            where, TOOL_REQUEST, on_delta, lambda seen: f"{seen} events", name_where=True
+        )
         if not done:
             raise CheckFailed(f"stream ended after {events_seen} events without data: [DONE]")
         if finish is None:
@@ -1048,18 +1023,7 @@ class Smoke:
     def check_reasoning(self) -> str:
         """With a reasoning parser on, the reply's reasoning is a field apart from the answer."""
         where = f"POST {self.shown_url}/chat/completions (reasoning)"
-        body = self._raw(
-            lambda: self.client.chat.completions.with_raw_response.create(
-                model=self._model, messages=CHAT_MESSAGES, max_tokens=self.s.max_tokens
-            ),
-            "POST",
-            "/chat/completions",
-        )
-        choice = _first_choice(body, where)
-        finish = _optional(choice, "finish_reason", str, f"{where}: choices[0]")
-        message = _field(choice, "message", dict, f"{where}: choices[0]")
-        content = _optional(message, "content", str, f"{where}: message") or ""
-        reasoning = _reasoning_field(message, f"{where}: message")
+        finish, _, content, reasoning = self._reply(where, messages=CHAT_MESSAGES)
         check_markup(content, reasoning, finish, where)
         if not reasoning:
             return (
@@ -1072,85 +1036,113 @@ class Smoke:
         )
 
     # -- streaming -------------------------------------------------------------------------
-    def stream_chat(self) -> StreamResult:
-        """One streamed chat completion, read as raw SSE lines so `[DONE]` can be checked."""
+    def _tallied(self, step: Callable[[], _T]) -> _T:
+        """STEP's result, counted as one request that passed or failed."""
         ok = False
         try:
-            result = self._stream_chat()
+            result = step()
             ok = True
             return result
         finally:
             self.tally(ok)
 
-    def _stream_chat(self) -> StreamResult:
+    def _stream(
+        self,
+        where: str,
+        request: dict[str, Any],
+        on_delta: Callable[[dict[str, Any], str], None],
+        progress: Callable[[int], str],
+        *,
+        in_deadline: bool = False,
+        name_where: bool = False,
+        on_event: Callable[[dict[str, Any], str], None] | None = None,
+    ) -> tuple[bool, int, str | None]:
+        """One streamed chat completion of REQUEST, read as raw SSE lines so `[DONE]` can be
+        checked.
+
+        ON_EVENT gets each event (a JSON object, not an error) and ON_DELTA each choice's delta,
+        with the event's label. Returns (whether [DONE] came, the last event's index, the last
+        finish_reason). PROGRESS(index) says how far the stream got, for the error lines
+        (IN_DEADLINE: in the --timeout one too); NAME_WHERE puts WHERE before what the events
+        raised.
+        """
         path = "/chat/completions"
-        where = f"POST {self.shown_url}{path}"
-        start = time.perf_counter()
-        ttft: float | None = None
-        pieces: list[str] = []
-        chunks = 0
-        finish: str | None = None
-        usage_tokens: int | None = None
-        done = False
+        done, seen, finish = False, 0, None
         try:
             with self.client.chat.completions.with_streaming_response.create(
-                model=self._model,
-                messages=CHAT_MESSAGES,
-                max_tokens=self.s.max_tokens,
-                stream=True,
-                stream_options={"include_usage": True},
+                model=self._model, max_tokens=self.s.max_tokens, stream=True, **request
             ) as response:
                 events = sse_data(
                     response.http_response.iter_bytes(), max_stream_events(self.s.max_tokens)
                 )
-                for n, payload in enumerate(events):
+                for seen, payload in enumerate(events):
                     if payload == "[DONE]":
                         done = True
                         break
-                    try:
-                        event = json.loads(payload)
-                    except json.JSONDecodeError:
-                        raise CheckFailed(
-                            f"stream event {n} is not JSON: {_excerpt(payload)}"
-                        ) from None
-                    label = f"stream event {n}"
-                    if not isinstance(event, dict):
-                        raise CheckFailed(f"{label} is {_json_type(event)}, expected an object")
-                    if event.get("error"):
-                        error = event["error"]
-                        msg = error.get("message", error) if isinstance(error, dict) else error
-                        raise CheckFailed(f"error event mid-stream: {_one_line(msg)}")
-                    usage = _optional(event, "usage", dict, label)
-                    if usage:
-                        usage_tokens = _optional(usage, "completion_tokens", int, label)
+                    label = f"stream event {seen}"
+                    event = _stream_event(payload, label)
+                    if on_event is not None:
+                        on_event(event, label)
                     for choice in _optional(event, "choices", list, label) or []:
                         if not isinstance(choice, dict):
                             raise CheckFailed(f"{label}: a choice is {_json_type(choice)}")
-                        delta = _optional(choice, "delta", dict, label) or {}
-                        piece = _optional(delta, "content", str, label) or reasoning_of(delta)
-                        if piece:
-                            if ttft is None:
-                                ttft = time.perf_counter() - start
-                            chunks += 1
-                            pieces.append(piece)
+                        on_delta(_optional(choice, "delta", dict, label) or {}, label)
                         finish = _optional(choice, "finish_reason", str, label) or finish
-        except CheckFailed:
-            raise
+        except CheckFailed as exc:
+            if not name_where:
+                raise
+            raise CheckFailed(f"{where}: {exc}") from exc
         except DeadlineExceeded as exc:
+            after = f"after {progress(seen)} " if in_deadline else ""
             raise CheckFailed(
-                f"stream not finished within {self.timeout:g} s (--timeout) after {chunks} "
-                f"chunks from {where}"
+                f"stream not finished within {self.timeout:g} s (--timeout) {after}from {where}"
             ) from exc
         except BoundError as exc:
-            raise CheckFailed(f"stream refused after {chunks} chunks: {exc}") from exc
+            raise CheckFailed(f"stream refused after {progress(seen)}: {exc}") from exc
         except (openai.APIError, httpx2.TimeoutException) as exc:
             raise CheckFailed(self.describe(exc, "POST", path)) from exc
         except httpx2.TransportError as exc:
             raise CheckFailed(
-                f"stream broken after {chunks} chunks: connection closed before [DONE] "
+                f"stream broken after {progress(seen)}: connection closed before [DONE] "
                 f"({_one_line(exc) or type(exc).__name__})"
             ) from exc
+        return done, seen, finish
+
+    def stream_chat(self) -> StreamResult:
+        """One streamed chat completion, timed: TTFT, chunks, tokens."""
+        return self._tallied(self._stream_chat)
+
+    def _stream_chat(self) -> StreamResult:
+        where = f"POST {self.shown_url}/chat/completions"
+        start = time.perf_counter()
+        ttft: float | None = None
+        pieces: list[str] = []
+        usage_tokens: int | None = None
+
+        def on_usage(event: dict[str, Any], label: str) -> None:
+            nonlocal usage_tokens
+            usage = _optional(event, "usage", dict, label)
+            if usage:
+                usage_tokens = _optional(usage, "completion_tokens", int, label)
+
+        def on_delta(delta: dict[str, Any], label: str) -> None:
+            nonlocal ttft
+            piece = _optional(delta, "content", str, label) or reasoning_of(delta)
+            if piece:
+                if ttft is None:
+                    ttft = time.perf_counter() - start
+                pieces.append(piece)
+
+        request = {"messages": CHAT_MESSAGES, "stream_options": {"include_usage": True}}
+
+        def so_far(_: int) -> str:  # the error lines count content chunks, not events
+            return f"{len(pieces)} chunks"
+
+        done, _, finish = self._stream(
+            where, request, on_delta, so_far, in_deadline=True, on_event=on_usage
+        )
         duration = time.perf_counter() - start
+        chunks = len(pieces)
         text = "".join(pieces)
         if not done:
             raise CheckFailed(f"stream ended after {chunks} chunks without data: [DONE]")

@@ -43,6 +43,7 @@ Exit codes: 0 every check passed (or was skipped for lack of a key); 1 any check
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -183,28 +184,14 @@ def main(argv: list[str] | None = None) -> int:
         handler.setFormatter(RedactingFormatter(redactor, "%(name)s: %(message)s"))
         logging.basicConfig(level=logging.DEBUG, handlers=[handler])
 
+    # Settings' fields are the options of the same names (base_url: normalised).
+    options = {f.name: getattr(args, f.name) for f in dataclasses.fields(Settings)}
+    settings = Settings(**options | {"base_url": base_url})
     report = Report(
         base_url=redactor.text(base_url),
         model=args.model,
         started_at=datetime.now(UTC).isoformat(timespec="seconds"),
-        settings={
-            "requests": args.requests,
-            "concurrency": min(args.concurrency, args.requests),
-            "max_tokens": args.max_tokens,
-            "timeout_s": args.timeout,
-            "api_key_set": bool(args.api_key),
-        },
-    )
-    settings = Settings(
-        base_url=base_url,
-        api_key=args.api_key,
-        model=args.model,
-        requests=args.requests,
-        concurrency=args.concurrency,
-        max_tokens=args.max_tokens,
-        timeout=args.timeout,
-        tools=args.tools,
-        reasoning=args.reasoning,
+        settings=settings.summary(),
     )
     smoke = Smoke(settings, redactor)
     try:

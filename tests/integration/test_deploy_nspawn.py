@@ -12,7 +12,6 @@ config dir the model role would leave. What stays off is in SWITCHES, each with 
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import time
@@ -101,20 +100,13 @@ def target() -> Iterator[tuple[Targets, Node, Path]]:
     reason = nspawn_targets.host_requirements()
     if reason:
         pytest.skip(reason)
-    with nspawn_targets.targets() as t:
+    with nspawn_targets.targets() as t, pytest.MonkeyPatch.context() as env:
         # make deploy's SSH masters under the suite's work dir, so teardown ends them.
-        saved = os.environ.get("ANSIBLE_SSH_CONTROL_PATH_DIR")
-        os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(t.work / "cp")
+        env.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(t.work / "cp"))
         node = t.add(HOST)
         seed_runtime_standin(node)
         inventory = write_inventory(t, {HOST: {**node.ansible_vars(), **SWITCHES}})
-        try:
-            yield t, node, inventory
-        finally:
-            if saved is None:
-                os.environ.pop("ANSIBLE_SSH_CONTROL_PATH_DIR", None)
-            else:
-                os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = saved
+        yield t, node, inventory
         left_after = t
     assert left_after.leftovers() == []
 

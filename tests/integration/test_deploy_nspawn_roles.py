@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -138,10 +137,9 @@ def target() -> Iterator[tuple[Targets, Node, Path, tuple[subprocess.Popen, Path
         pytest.skip(reason)
     wheels = nspawn_wheels.wheel_cache("3.12")
     setups: list[tuple[subprocess.Popen, Path]] = []
-    with nspawn_targets.targets() as t:
+    with nspawn_targets.targets() as t, pytest.MonkeyPatch.context() as env:
         # make deploy's SSH masters under the suite's work dir, so teardown ends them.
-        saved = os.environ.get("ANSIBLE_SSH_CONTROL_PATH_DIR")
-        os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = str(t.work / "cp")
+        env.setenv("ANSIBLE_SSH_CONTROL_PATH_DIR", str(t.work / "cp"))
         try:
             node = t.add(HOST, distro="ubuntu2404", binds=(str(wheels),))
             install_runtime_venv(node, wheels)
@@ -164,10 +162,6 @@ def target() -> Iterator[tuple[Targets, Node, Path, tuple[subprocess.Popen, Path
                 if proc.poll() is None:
                     proc.kill()
                 proc.wait(timeout=30)
-            if saved is None:
-                os.environ.pop("ANSIBLE_SSH_CONTROL_PATH_DIR", None)
-            else:
-                os.environ["ANSIBLE_SSH_CONTROL_PATH_DIR"] = saved
         left_after = t
     assert left_after.leftovers() == []
 

@@ -368,15 +368,24 @@ def smoke_tools(body: dict, events: list[str], tmp_path: Path) -> dict:
     return json.loads(report.read_text())["checks"]
 
 
+def smoke_on_a_weather_call(
+    tokenizer: Any, tool: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> tuple[dict, dict]:
+    """GLM-5's get_weather(Paris, 3 days) through vLLM's TOOL parser, then the smoke client's
+    tools checks on that wire: (the chat body, the checks); the client's output swallowed."""
+    args = {"city": "Paris", "days": 3}
+    text = glm5_chat.completion_of(tokenizer, [USER, assistant([("get_weather", args)])], None)
+    body, events = vllm_wire(tokenizer, tool, text)
+    checks = smoke_tools(body, events, tmp_path)
+    capsys.readouterr()
+    return body, checks
+
+
 def test_smoke_client_reads_vllms_tool_calls_from_glm47(
     tokenizer: Any, tmp_path: Path, capsys
 ) -> None:
-    args = {"city": "Paris", "days": 3}
-    text = glm5_chat.completion_of(tokenizer, [USER, assistant([("get_weather", args)])], None)
-    body, events = vllm_wire(tokenizer, "glm47", text)
+    body, checks = smoke_on_a_weather_call(tokenizer, "glm47", tmp_path, capsys)
     assert body["choices"][0]["message"]["reasoning"] == REASONING  # vLLM 0.23.0's field name
-    checks = smoke_tools(body, events, tmp_path)
-    capsys.readouterr()
     assert checks["tools"]["status"] == checks["tools_stream"]["status"] == "pass"
     call = 'get_weather({"city": "Paris", "days": 3})'
     assert checks["tools"]["detail"] == f"1 tool call(s), finish_reason=tool_calls: {call}"
@@ -388,11 +397,7 @@ def test_smoke_client_reads_vllms_tool_calls_from_glm47(
 def test_smoke_client_catches_glm45_leaving_the_call_in_content(
     tokenizer: Any, tmp_path: Path, capsys
 ) -> None:
-    args = {"city": "Paris", "days": 3}
-    text = glm5_chat.completion_of(tokenizer, [USER, assistant([("get_weather", args)])], None)
-    body, events = vllm_wire(tokenizer, "glm45", text)
-    checks = smoke_tools(body, events, tmp_path)
-    capsys.readouterr()
+    _, checks = smoke_on_a_weather_call(tokenizer, "glm45", tmp_path, capsys)
     assert checks["tools"]["status"] == "fail"
     assert (
         "tool-call markup '<tool_call>' left in content (finish_reason=stop)"

@@ -12,7 +12,6 @@ and sparse attention kernels are CUDA-only), that is the GPU proof's part.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -33,8 +32,7 @@ INDEXER_TENSORS = ("indexer.k_norm.weight", "indexer.k_norm.bias", "indexer.proj
 
 
 def child(gguf_path: Path, hf: Path, other: Path, out: Path, *extra: Path, site: Path) -> dict:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(site)}
+    env = patched_vllm.child_env(site, log_level="INFO")
     res = subprocess.run(
         [sys.executable, str(CHILD), str(gguf_path), str(hf), str(other), str(out),
          *map(str, extra)],

@@ -72,6 +72,13 @@ def _run_role(tmp_path: Path, base_url: str, **overrides: Any) -> tuple[int, str
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
 
+def _assert_play_failed(rc: int, output: str, line: str) -> None:
+    """The play failed (ansible-playbook exit 2) with LINE in its output, and no key shown."""
+    assert rc == 2, output[-4000:]
+    assert line in output
+    assert KEY not in output
+
+
 def test_healthy_endpoint_passes_with_the_request_timeout_passed_on(tmp_path: Path) -> None:
     behaviour = Behaviour(models=["glm-5"], api_key=KEY, chunk_delay_s=0.01)
     with FakeOpenAIServer(behaviour) as server:
@@ -98,12 +105,12 @@ def test_parser_checks_off_and_a_refused_tool_request(tmp_path: Path) -> None:
         assert not [b for b in server.bodies if b.get("tools")]
         (tmp_path / "on").mkdir()
         rc, output, _ = _run_role(tmp_path / "on", server.base_url)
-    assert rc == 2, output[-4000:]
-    assert (
+    _assert_play_failed(
+        rc,
+        output,
         f"error: tools: HTTP 400 from POST {server.base_url}/chat/completions: "
-        '\\"auto\\" tool choice requires --enable-auto-tool-choice'
-    ) in output
-    assert KEY not in output
+        '\\"auto\\" tool choice requires --enable-auto-tool-choice',
+    )
 
 
 def test_hung_endpoint_fails_the_play_within_the_task_timeout(tmp_path: Path) -> None:
@@ -114,12 +121,12 @@ def test_hung_endpoint_fails_the_play_within_the_task_timeout(tmp_path: Path) ->
             tmp_path, server.base_url, vllm_smoke_request_timeout=120, vllm_smoke_task_timeout=12
         )
         assert server.requests, output[-3000:]  # the run reached the endpoint, then was cut off
-    assert rc == 2, output[-4000:]
-    assert (
+    _assert_play_failed(
+        rc,
+        output,
         f"error: smoke-host: smoke test against {server.base_url} did not finish within 12 s "
-        "(vllm_smoke_task_timeout)"
-    ) in output
-    assert KEY not in output
+        "(vllm_smoke_task_timeout)",
+    )
     assert seconds < 100  # far below the client's 120 s: the task timeout ended it
     assert not (tmp_path / "smoke.json").exists()
 
@@ -134,9 +141,10 @@ def test_unbounded_or_inconsistent_timeouts_are_refused(
         vllm_smoke_task_timeout=task_timeout,
         vllm_smoke_request_timeout=request_timeout,
     )
-    assert rc == 2, output[-4000:]
-    assert (
+    _assert_play_failed(
+        rc,
+        output,
         "error: vllm_smoke_task_timeout must be 1..86400 s and vllm_smoke_request_timeout >= 1 s "
-        f"(got {task_timeout} and {request_timeout})"
-    ) in output
+        f"(got {task_timeout} and {request_timeout})",
+    )
     assert not (tmp_path / "host").exists()  # refused before anything was copied

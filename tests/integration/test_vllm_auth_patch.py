@@ -8,14 +8,13 @@ and once with a copy patched by the real series (tests/support/patched_vllm.py).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from support.patched_vllm import patched_site
+from support.patched_vllm import child_env, patched_site
 
 pytestmark = pytest.mark.runtime
 TESTS = Path(__file__).resolve().parents[1]
@@ -36,11 +35,7 @@ UNAUTHORIZED = [401, '{"error":"Unauthorized"}']
 
 
 def probe(pythonpath: Path | None) -> dict[str, Any]:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "WARNING"}
-    env["PYTHONPATH"] = os.pathsep.join(
-        [*([str(pythonpath)] if pythonpath else []), str(TESTS), str(TESTS.parent / "scripts")]
-    )
+    env = child_env(pythonpath, TESTS, TESTS.parent / "scripts")
     res = subprocess.run(
         [sys.executable, "-m", "support.vllm_auth_probe", KEY],
         env=env, capture_output=True, text=True, timeout=300, check=False,

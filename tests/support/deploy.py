@@ -12,6 +12,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from support.nspawn_targets import ensure_host_packages
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = REPO / ".venv" / "bin"
 RECAP = re.compile(
@@ -55,20 +57,6 @@ def make(target: str, *flags: str, timeout: int = 900, **variables: str) -> Resu
     return Result(proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start)
 
 
-def ensure_debian_packages(binaries: dict[str, str]) -> None:
-    """apt-get install the packages whose binaries are missing (root, Debian), update on a miss."""
-    missing = sorted({pkg for binary, pkg in binaries.items() if shutil.which(binary) is None})
-    if not missing:
-        return
-    if os.geteuid() != 0 or shutil.which("apt-get") is None:
-        raise RuntimeError(f"need root and apt-get to install {missing}")
-    cmd = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    if subprocess.run(cmd, env=env, capture_output=True, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, check=True)
-        subprocess.run(cmd, env=env, capture_output=True, check=True)
-
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +85,7 @@ class Sshd:
 
 def start_sshd(root: Path) -> Sshd:
     """A real OpenSSH server on 127.0.0.1:<free port>, own host key and authorized key in ROOT."""
-    ensure_debian_packages({"sshd": "openssh-server", "ssh-keygen": "openssh-client"})
+    ensure_host_packages({"sshd": "openssh-server", "ssh-keygen": "openssh-client"})
     sshd = shutil.which("sshd") or "/usr/sbin/sshd"
     root.mkdir(parents=True, exist_ok=True)
     Path("/run/sshd").mkdir(exist_ok=True)  # privilege-separation directory sshd insists on

@@ -28,8 +28,10 @@ import time
 import traceback
 from dataclasses import dataclass, field
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, Literal
+
+from support.loopback import LoopbackHTTPServer, Running, send_json
 
 StreamMode = Literal["ok", "single_chunk", "cut", "no_done", "no_finish"]
 
@@ -92,12 +94,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     # -- helpers -------------------------------------------------------------------------
     def _send_json(self, status: int, body: object) -> None:
-        data = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, status, body)
 
     def _send_error(self, status: int, message: str) -> None:
         error = {"message": message, "type": HTTPStatus(status).phrase, "code": status}
@@ -310,15 +307,11 @@ def _usage(text: str, tokens: int | None = None) -> dict[str, int]:
     return {"prompt_tokens": 5, "completion_tokens": completion, "total_tokens": 5 + completion}
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-
+class _Server(LoopbackHTTPServer):
     def __init__(self, behaviour: Behaviour, port: int) -> None:
-        super().__init__(("127.0.0.1", port), _Handler)
+        super().__init__(_Handler, port)
         self.behaviour = behaviour
         self.lock = threading.Lock()
-        self.stopping = threading.Event()  # wakes handlers that sleep
         self.requests: list[tuple[str, str, str | None]] = []
         self.bodies: list[dict[str, Any]] = []
         self.chat_count = 0
@@ -335,25 +328,14 @@ class _Server(ThreadingHTTPServer):
             self.errors.append(traceback.format_exc())
 
 
-class FakeOpenAIServer:
+class FakeOpenAIServer(Running):
     """Serve `Behaviour` on 127.0.0.1 from a background thread while the context is open."""
+
+    _server: _Server
 
     def __init__(self, behaviour: Behaviour | None = None, port: int = 0) -> None:
         self.behaviour = behaviour or Behaviour()
-        self._server = _Server(self.behaviour, port)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
-
-    @property
-    def port(self) -> int:
-        return self._server.server_address[1]
-
-    @property
-    def root_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.root_url}/v1"
+        super().__init__(_Server(self.behaviour, port))
 
     @property
     def requests(self) -> list[tuple[str, str, str | None]]:
@@ -377,16 +359,6 @@ class FakeOpenAIServer:
     def max_in_flight(self) -> int:
         """The most streamed chat requests that were being answered at the same time."""
         return self._server.max_in_flight
-
-    def __enter__(self) -> FakeOpenAIServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -13,8 +13,10 @@ import gzip
 import json
 import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from support import loopback
 
 Attack = Callable[["Handler"], None]
 MODEL = "tiny-glm5"
@@ -32,18 +34,12 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.flush()
 
     def send_json(self, status: int, body: object, headers: dict[str, str] | None = None) -> None:
-        self.send_bytes(status, json.dumps(body).encode(), "application/json", headers)
+        loopback.send_json(self, status, body, headers)
 
     def send_bytes(
         self, status: int, data: bytes, kind: str, headers: dict[str, str] | None = None
     ) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", kind)
-        self.send_header("Content-Length", str(len(data)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.raw(data)
+        loopback.send_bytes(self, status, data, kind, headers)
 
     def start_stream(self) -> None:
         self.send_response(200)
@@ -96,55 +92,34 @@ class Handler(BaseHTTPRequestHandler):
     do_GET = do_POST = _handle  # noqa: N815  (http.server naming)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-
+class _Server(loopback.LoopbackHTTPServer):
     def __init__(self, api_key: str | None) -> None:
-        super().__init__(("127.0.0.1", 0), Handler)
+        super().__init__(Handler)
         self.api_key = api_key
         self.attacks: dict[str, Attack] = {}
         self.lock = threading.Lock()
-        self.stopping = threading.Event()
         self.seen: list[tuple[str, str | None]] = []
 
     def handle_error(self, request: Any, client_address: Any) -> None:
         pass  # the client hanging up on an attack is the point
 
 
-class HostileOpenAIServer:
+class HostileOpenAIServer(loopback.Running):
     """Serve on 127.0.0.1 from a background thread while the context is open."""
 
+    _server: _Server
+
     def __init__(self, api_key: str | None = None) -> None:
-        self._server = _Server(api_key)
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        super().__init__(_Server(api_key))
 
     def attack(self, route: str, fn: Attack) -> None:
         self._server.attacks[route] = fn
-
-    @property
-    def root_url(self) -> str:
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.root_url}/v1"
 
     @property
     def seen(self) -> list[tuple[str, str | None]]:
         """(route, Authorization header) of every request, in order."""
         with self._server.lock:
             return list(self._server.seen)
-
-    def __enter__(self) -> HostileOpenAIServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._server.stopping.set()
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(timeout=5)
 
 
 # -- ready-made attacks -----------------------------------------------------------------------

@@ -17,6 +17,18 @@ import patchset
 import vllm_patches
 
 
+def child_env(*path: Path | None, log_level: str = "WARNING") -> dict[str, str]:
+    """The environment of a CPU-only vLLM child process: this one's without its PYTHONPATH, no
+    GPU, vLLM logging at LOG_LEVEL, and PYTHONPATH exactly the entries of PATH that are not None
+    (a patched site first: its vllm/ is the one the child imports)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env |= {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": log_level}
+    entries = [str(p) for p in path if p is not None]
+    if entries:
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    return env
+
+
 def installed_vllm() -> Path:
     """The directory of the installed `vllm` package (found without importing it)."""
     spec = importlib.util.find_spec("vllm")

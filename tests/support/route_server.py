@@ -11,12 +11,13 @@ and /ping behind the key too.
 
 from __future__ import annotations
 
-import json
 import re
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+from support.loopback import send_json
 
 # (method, path template) of the schema; a subset of what vLLM 0.23.0's app registers.
 ROUTES: list[tuple[str, str]] = [
@@ -91,12 +92,7 @@ class RouteServer:
                 status, body = server.answer(
                     self.command, self.path, self.headers.get("Authorization")
                 )
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                send_json(self, status, body)
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = handle_any
 

@@ -24,7 +24,7 @@ import gguf_merge
 import pytest
 import safe_files
 from gguf import GGUFValueType
-from support.gguf_fixtures import glm_dsa_tensors, llama_split_keys, write_split
+from support.gguf_fixtures import glm_dsa_metadata, glm_dsa_tensors, llama_split_keys, write_split
 
 SCRIPT = Path(gguf_merge.__file__)
 U16, I32, U32 = GGUFValueType.UINT16, GGUFValueType.INT32, GGUFValueType.UINT32
@@ -53,6 +53,13 @@ def _set_fails(capsys, shard: Path, out_dir: Path, bad: Path, problem: str) -> s
     (a regular expression)."""
     args = [str(shard), str(out_dir / "m.gguf")]
     return _merge_fails(capsys, args, out_dir, rf"error: {re.escape(str(bad))}: {problem}")
+
+
+def _output_fails(capsys, shards: list[Path], out: Path, problem: str) -> str:
+    """Merging SHARDS into OUT fails naming OUT with PROBLEM (a regular expression); OUT's
+    directory is left as it was."""
+    args = [str(shards[0]), str(out)]
+    return _merge_fails(capsys, args, out.parent, rf"error: {re.escape(str(out))}: {problem}")
 
 
 def _shards(in_dir: Path, n: int = 4, **kw) -> list[Path]:
@@ -234,8 +241,6 @@ def test_duplicate_tensor_across_shards(dirs, capsys):
 )
 def test_bad_alignment(dirs, capsys, value, vtype, problem):
     in_dir, out_dir = dirs
-    from support.gguf_fixtures import glm_dsa_metadata
-
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", value, vtype)])
     _set_fails(capsys, shards[0], out_dir, shards[0], problem)
 
@@ -243,14 +248,12 @@ def test_bad_alignment(dirs, capsys, value, vtype, problem):
 def test_alignment_declared_only_in_shard_one(dirs, capsys):
     """gguf-py's splitter lays every shard out at 64 but declares it only in shard 1."""
     in_dir, out_dir = dirs
-    from support.gguf_fixtures import glm_dsa_metadata
-
     shards = _shards(in_dir, metadata=[*glm_dsa_metadata(), ("general.alignment", 64, U32)])
-    _set_fails(
-        capsys, shards[0], out_dir, shards[1],
+    problem = (
         r"no general\.alignment while shard 1 declares 64: "
-        r"this shard's data layout is ambiguous \(read at 32, as llama\.cpp does\)",
-    )  # fmt: skip
+        r"this shard's data layout is ambiguous \(read at 32, as llama\.cpp does\)"
+    )
+    _set_fails(capsys, shards[0], out_dir, shards[1], problem)
 
 
 # -- the output --------------------------------------------------------------------------------
@@ -261,9 +264,9 @@ def test_existing_output_is_refused(dirs, capsys):
     shards = _shards(in_dir)
     out = out_dir / "m.gguf"
     out.write_bytes(b"precious")
-    _merge_fails(
-        capsys, [str(shards[0]), str(out)], out_dir,
-        rf"error: {re.escape(str(out))}: already exists; pass --force to replace it",
+    _output_fails(
+        capsys, shards, out,
+        r"already exists; pass --force to replace it",
     )  # fmt: skip
     assert out.read_bytes() == b"precious"
 
@@ -318,9 +321,9 @@ def test_unwritable_directory(dirs, capsys, tmp_path):
         problem = "Read-only file system"
     with ctx as ro:
         out = ro / "m.gguf"
-        _merge_fails(
-            capsys, [str(shards[0]), str(out)], ro,
-            rf"error: {re.escape(str(out))}: cannot create a temp file in {re.escape(str(ro))}: "
+        _output_fails(
+            capsys, shards, out,
+            rf"cannot create a temp file in {re.escape(str(ro))}: "
             rf"{problem}",
         )  # fmt: skip
 
@@ -331,9 +334,9 @@ def test_not_enough_free_space(dirs, capsys, tmp_path):
     shards = _shards(in_dir)
     with _tmpfs(tmp_path / "small", "size=1m") as small:
         out = small / "m.gguf"
-        _merge_fails(
-            capsys, [str(shards[0]), str(out)], small,
-            rf"error: {re.escape(str(out))}: not enough free space in {re.escape(str(small))}: "
+        _output_fails(
+            capsys, shards, out,
+            rf"not enough free space in {re.escape(str(small))}: "
             r"the merged file needs 1\.3 MB \(\d+ bytes\), 1\.0 MB available",
         )  # fmt: skip
 

@@ -70,6 +70,27 @@ def _fails(capsys, argv: list[str], pattern: str) -> str:
     return err
 
 
+def _names(capsys, shards: list[Path], out: Path, bad: Path | str, problem: str) -> None:
+    """Merging SHARDS into OUT fails naming BAD with PROBLEM (a regular expression)."""
+    _fails(capsys, [str(shards[0]), str(out)], rf"error: {re.escape(str(bad))}: {problem}")
+
+
+def _set_fails(capsys, shards: list[Path], out_dir: Path, bad: Path, problem: str) -> None:
+    """_names() with OUT_DIR/m.gguf, and OUT_DIR left empty."""
+    _names(capsys, shards, out_dir / "m.gguf", bad, problem)
+    assert list(out_dir.iterdir()) == []
+
+
+def _replaced(when: str) -> str:
+    """The merger's message for a shard path that names another file WHEN (a pattern)."""
+    return rf"replaced {when} \(validated inode \d+, the path now names inode \d+\); not written"
+
+
+def _resized(when: str, size: int, now: int) -> str:
+    """The merger's message for a shard of SIZE bytes that has NOW bytes WHEN (a pattern)."""
+    return rf"changed size {when} \(validated {size} bytes, now {now}\); not written"
+
+
 def _run(argv: list[str], **kw) -> subprocess.CompletedProcess[str]:
     # the timeout only keeps a regression (an open() blocked on a FIFO) from hanging the suite
     return subprocess.run(
@@ -191,11 +212,10 @@ def test_fifo_planted_as_a_shard_is_not_opened(set4, capsys):
     shards, out_dir = set4
     shards[2].unlink()
     os.mkfifo(shards[2])
-    _fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")],
-        rf"error: {re.escape(str(shards[2]))}: shard 3 of 4 is not a regular file",
+    _set_fails(
+        capsys, shards, out_dir, shards[2],
+        r"shard 3 of 4 is not a regular file",
     )  # fmt: skip
-    assert list(out_dir.iterdir()) == []
 
 
 def test_open_shard_refuses_a_fifo_without_blocking(tmp_path):
@@ -294,12 +314,7 @@ def test_shard_replaced_after_validation(set4, tmp_path, monkeypatch, capsys):
     _after_validation(monkeypatch, lambda: os.replace(other[2], shards[2]))
     for p in other[:2] + other[3:]:
         p.unlink()
-    _fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")],
-        rf"error: {re.escape(str(shards[2]))}: replaced after validation \(validated inode \d+, "
-        r"the path now names inode \d+\); not written",
-    )  # fmt: skip
-    assert list(out_dir.iterdir()) == []
+    _set_fails(capsys, shards, out_dir, shards[2], _replaced("after validation"))
 
 
 @pytest.mark.parametrize("delta", [-1000, 4096])
@@ -307,12 +322,7 @@ def test_shard_resized_in_place_after_validation(set4, monkeypatch, capsys, delt
     shards, out_dir = set4
     size = shards[3].stat().st_size
     _after_validation(monkeypatch, lambda: os.truncate(shards[3], size + delta))
-    _fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")],
-        rf"error: {re.escape(str(shards[3]))}: changed size after validation \(validated {size} "
-        rf"bytes, now {size + delta}\); not written",
-    )  # fmt: skip
-    assert list(out_dir.iterdir()) == []
+    _set_fails(capsys, shards, out_dir, shards[3], _resized("after validation", size, size + delta))
 
 
 def _during_copy(monkeypatch, shard_fd_index: int, action) -> None:
@@ -343,12 +353,7 @@ def test_shard_replaced_while_merging(set4, tmp_path, monkeypatch, capsys):
     twin = tmp_path / "twin.gguf"
     twin.write_bytes(shards[1].read_bytes())  # same bytes, another file
     _during_copy(monkeypatch, 3, lambda: os.replace(twin, shards[1]))
-    _fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")],
-        rf"error: {re.escape(str(shards[1]))}: replaced while merging \(validated inode \d+, "
-        r"the path now names inode \d+\); not written",
-    )  # fmt: skip
-    assert list(out_dir.iterdir()) == []
+    _set_fails(capsys, shards, out_dir, shards[1], _replaced("while merging"))
 
 
 def test_shard_grown_while_merging(set4, monkeypatch, capsys):
@@ -360,12 +365,7 @@ def test_shard_grown_while_merging(set4, monkeypatch, capsys):
             fh.write(b"\0" * 64)
 
     _during_copy(monkeypatch, 3, append)
-    _fails(
-        capsys, [str(shards[0]), str(out_dir / "m.gguf")],
-        rf"error: {re.escape(str(shards[3]))}: changed size while merging \(validated {size} "
-        rf"bytes, now {size + 64}\); not written",
-    )  # fmt: skip
-    assert list(out_dir.iterdir()) == []
+    _set_fails(capsys, shards, out_dir, shards[3], _resized("while merging", size, size + 64))
 
 
 def test_output_created_while_merging_is_not_clobbered(set4, monkeypatch, capsys):
@@ -440,39 +440,34 @@ def test_closed_stderr_stops_the_progress_not_the_merge(set4):
 # -- names that would split the error line, and names llama.cpp refuses ------------------------
 
 
-def test_tensor_name_with_a_newline_stays_on_one_line(tmp_path, capsys):
+def _renamed_set(directory: Path, names: dict[int, str]) -> list[Path]:
+    """The 4-shard set in DIRECTORY, the tensors at the indices of NAMES renamed so."""
     tensors = glm_dsa_tensors()
+    for index, name in names.items():
+        tensors[index] = dataclasses.replace(tensors[index], name=name)
+    return write_split(directory, tensors, 4)
+
+
+def test_tensor_name_with_a_newline_stays_on_one_line(tmp_path, capsys):
     evil = "blk.0.x\nerror: forged"
-    tensors[3] = dataclasses.replace(tensors[3], name=evil)
-    tensors[-1] = dataclasses.replace(tensors[-1], name=evil)
-    shards = write_split(tmp_path, tensors, 4)
-    _fails(
-        capsys, [str(shards[0]), str(tmp_path / "m.gguf")],
-        rf"error: {re.escape(str(shards[3]))}: duplicate tensor 'blk\.0\.x\\nerror: forged': "
-        rf"also in shard 2 \({re.escape(str(shards[1]))}\)",
-    )  # fmt: skip
+    shards = _renamed_set(tmp_path, {3: evil, -1: evil})
+    first = re.escape(str(shards[1]))
+    duplicate = rf"duplicate tensor 'blk\.0\.x\\nerror: forged': also in shard 2 \({first}\)"
+    _names(capsys, shards, tmp_path / "m.gguf", shards[3], duplicate)
 
 
 def test_shard_path_with_a_newline_stays_on_one_line(tmp_path, capsys):
     shards = write_split(tmp_path, glm_dsa_tensors(), 3, prefix="GLM\nerror: forged")
     shards[1].unlink()
     escaped = str(shards[1]).replace("\n", "\\n")
-    _fails(
-        capsys, [str(shards[0]), str(tmp_path / "m.gguf")],
-        rf"error: {re.escape(escaped)}: missing shard 2 of 3",
-    )  # fmt: skip
+    _names(capsys, shards, tmp_path / "m.gguf", escaped, "missing shard 2 of 3")
 
 
 def test_nul_byte_in_a_tensor_name_is_refused(tmp_path, capsys):
     """llama.cpp keeps names as C strings: it cuts this one at the NUL (test_gguf_merge_llama)."""
-    tensors = glm_dsa_tensors()
-    tensors[5] = dataclasses.replace(tensors[5], name="blk.0.attn\0_q_a.weight")
-    shards = write_split(tmp_path, tensors, 4)
-    _fails(
-        capsys, [str(shards[0]), str(tmp_path / "m.gguf")],
-        rf"error: {re.escape(str(shards[1]))}: tensor name 'blk\.0\.attn\\x00_q_a\.weight' "
-        r"contains a NUL byte",
-    )  # fmt: skip
+    shards = _renamed_set(tmp_path, {5: "blk.0.attn\0_q_a.weight"})
+    nul = r"tensor name 'blk\.0\.attn\\x00_q_a\.weight' contains a NUL byte"
+    _names(capsys, shards, tmp_path / "m.gguf", shards[1], nul)
     assert sorted(tmp_path.iterdir()) == sorted(shards)
 
 
@@ -482,9 +477,9 @@ def test_nul_byte_in_a_key_is_refused(tmp_path, capsys):
 
     meta = [*glm_dsa_metadata(), ("general.name\0x", "forged", GGUFValueType.STRING)]
     shards = write_split(tmp_path, glm_dsa_tensors(), 4, metadata=meta)
-    _fails(
-        capsys, [str(shards[0]), str(tmp_path / "m.gguf")],
-        rf"error: {re.escape(str(shards[0]))}: key 'general\.name\\x00x' contains a NUL byte",
+    _names(
+        capsys, shards, tmp_path / "m.gguf", shards[0],
+        r"key 'general\.name\\x00x' contains a NUL byte",
     )  # fmt: skip
 
 
@@ -498,9 +493,9 @@ def test_quantized_tensor_with_0_dimensions_is_refused(tmp_path, capsys):
         [("a.weight", np.zeros(34, np.int8), (), Q.Q8_0),
          ("b.weight", np.zeros(4, np.int8), (), Q.F32)],
     )  # fmt: skip
-    _fails(
-        capsys, [str(shards[0]), str(tmp_path / "m.gguf")],
-        rf"error: {re.escape(str(shards[1]))}: tensor 'a\.weight' rows of 1 are not a multiple "
+    _names(
+        capsys, shards, tmp_path / "m.gguf", shards[1],
+        r"tensor 'a\.weight' rows of 1 are not a multiple "
         r"of the block size 32 \(0 dimensions: a row of 1 element\)",
     )  # fmt: skip
 

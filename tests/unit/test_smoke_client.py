@@ -158,6 +158,52 @@ def test_reasoning_counts_as_chat_text(capsys, tmp_path, behaviour, server, fiel
     )
 
 
+# -- one check fails, the others pass ----------------------------------------------------------
+
+# (what the server does wrong, the failing check, what its error line says ({url}: the server's)).
+ONLY_FAILURES = {
+    "http_500_on_completions": (
+        {"status_for": {"/v1/completions": 500}},
+        "completion",
+        "HTTP 500 from POST {url}/completions: forced HTTP 500 by the test server",
+    ),
+    "empty_completion_text": (
+        {"completion_text": ""},
+        "completion",
+        "empty text from POST {url}/completions (finish_reason=length)",
+    ),
+    "empty_chat_text": (
+        {"chat_text": ""},
+        "chat_completion",
+        "empty text from POST {url}/chat/completions (finish_reason=length)",
+    ),
+    "key_configured_but_not_enforced": (
+        {"api_key": None},  # the server accepts anything
+        "auth",
+        "GET {url}/models without an API key got HTTP 200, expected 401: "
+        "the endpoint does not enforce its key",
+    ),
+    "keyless_request_refused_but_wrong_key_accepted": (
+        {"accept_any_key": True},  # checks that a key is present, not which one
+        "auth",
+        "POST {url}/chat/completions with a wrong API key succeeded: "
+        "the endpoint does not enforce its key",
+    ),
+}
+
+
+@pytest.mark.parametrize(("setting", "name", "message"), ONLY_FAILURES.values(), ids=ONLY_FAILURES)
+def test_only_failure(
+    capsys, tmp_path, behaviour, server, setting: dict[str, Any], name: str, message: str
+) -> None:
+    for attr, value in setting.items():
+        setattr(behaviour, attr, value)
+    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
+    assert rc == 1
+    assert_only_failure(report, err, name, message.format(url=server.base_url))
+    assert report["metrics"]["errors"] == 1
+
+
 # -- authentication ---------------------------------------------------------------------------
 
 
@@ -179,36 +225,6 @@ def test_wrong_key_given(capsys, tmp_path, server) -> None:
     assert rc == 1
     assert err == [f"error: models: HTTP 401 from GET {server.base_url}/models: Unauthorized"]
     assert report["checks"]["models"]["status"] == "fail"
-
-
-def test_key_configured_but_not_enforced(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.api_key = None  # the server accepts anything
-    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert_only_failure(
-        report,
-        err,
-        "auth",
-        f"GET {server.base_url}/models without an API key got HTTP 200, expected 401: "
-        "the endpoint does not enforce its key",
-    )
-    assert report["metrics"]["errors"] == 1
-
-
-def test_keyless_request_refused_but_wrong_key_accepted(
-    capsys, tmp_path, behaviour, server
-) -> None:
-    behaviour.accept_any_key = True  # checks that a key is present, not which one
-    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert_only_failure(
-        report,
-        err,
-        "auth",
-        f"POST {server.base_url}/chat/completions with a wrong API key succeeded: "
-        "the endpoint does not enforce its key",
-    )
-    assert report["metrics"]["errors"] == 1
 
 
 # -- transport failures -----------------------------------------------------------------------
@@ -269,52 +285,7 @@ def test_stream_stalls_past_timeout(capsys, tmp_path, behaviour, server) -> None
     assert report["metrics"]["errors"] == 3
 
 
-# -- HTTP errors and bad answers --------------------------------------------------------------
-
-
-def test_http_500_on_completions(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.status_for = {"/v1/completions": 500}
-    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert_only_failure(
-        report,
-        err,
-        "completion",
-        f"HTTP 500 from POST {server.base_url}/completions: forced HTTP 500 by the test server",
-    )
-    assert report["metrics"]["errors"] == 1
-
-
-def test_empty_completion_text(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.completion_text = ""
-    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert_only_failure(
-        report,
-        err,
-        "completion",
-        f"empty text from POST {server.base_url}/completions (finish_reason=length)",
-    )
-
-
-def test_empty_chat_text(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.chat_text = ""
-    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert_only_failure(
-        report,
-        err,
-        "chat_completion",
-        f"empty text from POST {server.base_url}/chat/completions (finish_reason=length)",
-    )
-
-
-def test_empty_stream(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.stream_pieces = ["", ""]
-    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert err[0] == "error: chat_stream: empty text from the stream (finish_reason=length)"
-    assert report["checks"]["chat_stream"]["status"] == "fail"
+# -- the model list ---------------------------------------------------------------------------
 
 
 def test_model_missing_from_models(capsys, tmp_path, behaviour, server) -> None:
@@ -368,20 +339,33 @@ def test_stream_cut_midway(capsys, tmp_path, behaviour, server) -> None:
     assert report["metrics"]["ttft_s"]["count"] == 0
 
 
-def test_stream_without_done(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.stream = "no_done"
-    rc, _, err, _ = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
-    assert rc == 1
-    assert err[0] == "error: chat_stream: stream ended after 4 chunks without data: [DONE]"
+# The stream's end goes wrong: (what the server does, chat_stream's error line).
+STREAM_ENDINGS = {
+    "empty_stream": (
+        {"stream_pieces": ["", ""]},
+        "empty text from the stream (finish_reason=length)",
+    ),
+    "stream_without_done": (
+        {"stream": "no_done"},
+        "stream ended after 4 chunks without data: [DONE]",
+    ),
+    "stream_without_finish_reason": (
+        {"stream": "no_finish"},
+        "stream ended ([DONE]) after 4 chunks without a finish_reason",
+    ),
+}
 
 
-def test_stream_without_finish_reason(capsys, tmp_path, behaviour, server) -> None:
-    behaviour.stream = "no_finish"
-    rc, _, err, _ = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
+@pytest.mark.parametrize(("setting", "message"), STREAM_ENDINGS.values(), ids=STREAM_ENDINGS)
+def test_stream_ending(
+    capsys, tmp_path, behaviour, server, setting: dict[str, Any], message: str
+) -> None:
+    for attr, value in setting.items():
+        setattr(behaviour, attr, value)
+    rc, _, err, report = run(capsys, tmp_path, server.base_url, "--api-key", KEY)
     assert rc == 1
-    assert err[0] == (
-        "error: chat_stream: stream ended ([DONE]) after 4 chunks without a finish_reason"
-    )
+    assert err[0] == f"error: chat_stream: {message}"
+    assert report["checks"]["chat_stream"]["status"] == "fail"
 
 
 # -- concurrency ------------------------------------------------------------------------------

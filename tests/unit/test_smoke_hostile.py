@@ -63,6 +63,20 @@ def assert_one_failure(rc: int, err: list[str], report: dict[str, Any], check: s
     return reason
 
 
+def one_attack(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    server: HostileOpenAIServer,
+    route: str,
+    attack: hostile.Attack,
+    check: str,
+) -> str:
+    """ATTACK on ROUTE fails CHECK alone; returns its reason."""
+    server.attack(route, attack)
+    rc, _, err, report, _ = run(capsys, tmp_path, server.base_url)
+    return assert_one_failure(rc, err, report, check)
+
+
 def test_all_good_baseline(capsys, tmp_path, server) -> None:
     rc, _, err, report, _ = run(capsys, tmp_path, server.base_url)
     assert (rc, err) == (0, [])
@@ -122,9 +136,8 @@ def test_endless_sse_line_hits_the_line_cap(capsys, tmp_path, server) -> None:
 
 
 def test_endless_body_hits_the_byte_cap(capsys, tmp_path, server) -> None:
-    server.attack("GET /v1/models", hostile.endless_chunked(b"[" * 65536))
-    rc, _, err, report, _ = run(capsys, tmp_path, server.base_url)
-    reason = assert_one_failure(rc, err, report, "models")
+    flood = hostile.endless_chunked(b"[" * 65536)
+    reason = one_attack(capsys, tmp_path, server, "GET /v1/models", flood, "models")
     assert reason == (
         f"response body larger than 8 MiB (cap per request) from GET {server.base_url}/models"
     )
@@ -143,9 +156,8 @@ def test_announced_huge_body_refused_before_reading(capsys, tmp_path, server) ->
 
 
 def test_compressed_body_refused(capsys, tmp_path, server) -> None:
-    server.attack("GET /v1/models", hostile.gzipped({"data": [{"id": "tiny-glm5"}]}))
-    rc, _, err, report, _ = run(capsys, tmp_path, server.base_url)
-    reason = assert_one_failure(rc, err, report, "models")
+    gzipped = hostile.gzipped({"data": [{"id": "tiny-glm5"}]})
+    reason = one_attack(capsys, tmp_path, server, "GET /v1/models", gzipped, "models")
     assert reason.startswith("response has Content-Encoding 'gzip' although identity was asked")
 
 
@@ -276,9 +288,8 @@ def test_redirect_of_the_keyless_auth_probe_is_a_failure(capsys, tmp_path, serve
 
 
 def test_echoed_authorization_header_is_redacted(capsys, tmp_path, server) -> None:
-    server.attack("POST /v1/completions", hostile.echo_authorization(500))
-    rc, out, err, report, _ = run(capsys, tmp_path, server.base_url)
-    reason = assert_one_failure(rc, err, report, "completion")
+    echo = hostile.echo_authorization(500)
+    reason = one_attack(capsys, tmp_path, server, "POST /v1/completions", echo, "completion")
     assert reason == (
         f"HTTP 500 from POST {server.base_url}/completions: bad request, got Bearer ***"
     )

@@ -60,6 +60,16 @@ def failed_only(report: dict, err: list[str], names: list[str]) -> None:
     assert report["passed"] is False
 
 
+def run_failing(
+    capsys, tmp_path: Path, srv: FakeOpenAIServer, names: list[str], *extra: str
+) -> dict[str, Any]:
+    """run() exits 1 with exactly NAMES failed (failed_only); returns the report."""
+    rc, err, report = run(capsys, tmp_path, srv, *extra)
+    assert rc == 1
+    failed_only(report, err, names)
+    return report
+
+
 def tools_requests(srv: FakeOpenAIServer) -> list[dict[str, Any]]:
     return [b for b in srv.bodies if b.get("tools")]
 
@@ -151,9 +161,9 @@ def test_malformed_tool_call_fails_each_mode_with_its_reason(
     capsys, tmp_path, server, behaviour, name: str, arguments: Any, reason: str | None
 ) -> None:
     behaviour.tool_calls = [{"name": name, "arguments": arguments}]
-    rc, err, report = run(capsys, tmp_path, server, "--tools", "--reasoning")
-    assert rc == 1
-    failed_only(report, err, ["tools", "tools_stream"])
+    report = run_failing(
+        capsys, tmp_path, server, ["tools", "tools_stream"], "--tools", "--reasoning"
+    )
     plain, streamed = detail(report, "tools"), detail(report, "tools_stream")
     assert plain.startswith(f"POST {server.base_url}/chat/completions (tools): tool call 0")
     assert streamed.startswith(f"POST {server.base_url}/chat/completions (tools, streamed): ")
@@ -180,9 +190,7 @@ def test_malformed_tool_calls_array_fails_the_plain_check(
     capsys, tmp_path, server, behaviour, raw: Any, reason: str
 ) -> None:
     behaviour.raw_tool_calls = raw
-    rc, err, report = run(capsys, tmp_path, server, "--tools")
-    assert rc == 1
-    failed_only(report, err, ["tools"])
+    report = run_failing(capsys, tmp_path, server, ["tools"], "--tools")
     assert reason in detail(report, "tools")
 
 
@@ -214,17 +222,13 @@ def test_malformed_tool_call_deltas_fail_the_streamed_check(
     capsys, tmp_path, server, behaviour, deltas: list[Any], reason: str
 ) -> None:
     behaviour.raw_tool_call_deltas = deltas
-    rc, err, report = run(capsys, tmp_path, server, "--tools")
-    assert rc == 1
-    failed_only(report, err, ["tools_stream"])
+    report = run_failing(capsys, tmp_path, server, ["tools_stream"], "--tools")
     assert reason in detail(report, "tools_stream")
 
 
 def test_server_without_a_tool_parser_refuses_tools(capsys, tmp_path, server, behaviour) -> None:
     behaviour.tools_refused = True
-    rc, err, report = run(capsys, tmp_path, server, "--tools")
-    assert rc == 1
-    failed_only(report, err, ["tools", "tools_stream"])
+    report = run_failing(capsys, tmp_path, server, ["tools", "tools_stream"], "--tools")
     refusal = (
         f'HTTP 400 from POST {server.base_url}/chat/completions: "auto" tool choice requires '
         "--enable-auto-tool-choice and --tool-call-parser to be set"
@@ -242,9 +246,7 @@ def test_unparsed_call_in_a_finished_reply_fails(capsys, tmp_path, server, behav
     behaviour.chat_text = "Let me check." + GLM_CALL
     behaviour.stream_pieces = ["Let me check.", GLM_CALL[:30], GLM_CALL[30:]]
     behaviour.chat_finish_reason = "stop"
-    rc, err, report = run(capsys, tmp_path, server, "--tools")
-    assert rc == 1
-    failed_only(report, err, ["tools", "tools_stream"])
+    report = run_failing(capsys, tmp_path, server, ["tools", "tools_stream"], "--tools")
     for name in ("tools", "tools_stream"):
         assert detail(report, name).endswith(
             "tool-call markup '<tool_call>' left in content (finish_reason=stop): the server did "
@@ -296,7 +298,5 @@ def test_reasoning_not_separated_fails(
     behaviour.chat_text = content
     behaviour.chat_reasoning = reasoning
     behaviour.chat_finish_reason = "stop"
-    rc, err, report = run(capsys, tmp_path, server, "--reasoning")
-    assert rc == 1
-    failed_only(report, err, ["reasoning"])
+    report = run_failing(capsys, tmp_path, server, ["reasoning"], "--reasoning")
     assert reason in detail(report, "reasoning")
