@@ -31,13 +31,12 @@ import random
 import re
 import sys
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from support import cli
 
-from e2e.route_check import CheckError, Client, loopback
+from e2e.route_check import CheckError, Client, loopback_url
 
 EXAMPLES = """example:
   python3 -m e2e.index_share_check --base-url http://127.0.0.1:8000 --api-key-file KEY \\
@@ -130,12 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capture", type=Path, help="prompts, tokens, logprobs (capture.json)")
     p.add_argument("--topk-out", type=Path, help="save every layer's rows here (torch.save)")
     args = p.parse_args(argv)
-    url = urllib.parse.urlsplit(args.base_url)
-    if url.scheme != "http" or not url.hostname or not url.port or not loopback(url.hostname):
-        print(
-            f"error: --base-url must be http://LOOPBACK:PORT, got {args.base_url!r}",
-            file=sys.stderr,
-        )
+    url = loopback_url(args.base_url)
+    if url is None:
         return 2
     if args.prompts < 1 or args.tokens < 2:
         print("error: --prompts and --tokens must be positive", file=sys.stderr)

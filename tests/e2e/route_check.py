@@ -121,6 +121,15 @@ def loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
+def loopback_url(base_url: str) -> urllib.parse.SplitResult | None:
+    """The e2e checks' --base-url split, or None after one error line: http://LOOPBACK:PORT only."""
+    url = urllib.parse.urlsplit(base_url)
+    if url.scheme == "http" and url.hostname and url.port and loopback(url.hostname):
+        return url
+    print(f"error: --base-url must be http://LOOPBACK:PORT, got {base_url!r}", file=sys.stderr)
+    return None
+
+
 def fill(path: str) -> str:
     """/v1/models/{model_id} -> /v1/models/route-check (any parameter, any converter)."""
     return re.sub(r"\{[^}/]+\}", PLACEHOLDER, path)

@@ -148,3 +148,23 @@ def test_empty_key_file_refused(tmp_path: Path, capsys) -> None:
         route_check.main(["--base-url", "http://127.0.0.1:1", "--api-key-file", str(keyfile)]) == 2
     )
     assert capsys.readouterr().err == f"error: {keyfile} is empty\n"
+
+
+@pytest.mark.parametrize(
+    "base_url",
+    [
+        "http://10.0.0.1:8000",
+        "https://127.0.0.1:8000",
+        "http://127.0.0.1",
+        "http://example.invalid:80",
+    ],
+)
+def test_the_checks_refuse_a_base_url_off_loopback_in_one_line(base_url: str, capsys) -> None:
+    assert route_check.loopback_url(base_url) is None
+    err = capsys.readouterr().err
+    assert err == f"error: --base-url must be http://LOOPBACK:PORT, got {base_url!r}\n"
+
+
+def test_the_checks_take_a_loopback_base_url() -> None:
+    url = route_check.loopback_url("http://127.0.0.1:8123/v1")
+    assert url is not None and (url.hostname, url.port) == ("127.0.0.1", 8123)

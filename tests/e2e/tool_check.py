@@ -26,14 +26,13 @@ import json
 import re
 import sys
 import time
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import safe_files
 from support import cli
 
-from e2e.route_check import loopback
+from e2e.route_check import loopback_url
 
 EXAMPLES = """example:
   python3 -m e2e.tool_check --base-url http://127.0.0.1:8000 --api-key-file KEY \\
@@ -171,12 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--deadline", type=float, default=180.0)
     p.add_argument("--json", type=Path, required=True)
     args = p.parse_args(argv)
-    url = urllib.parse.urlsplit(args.base_url)
-    if url.scheme != "http" or not url.hostname or not url.port or not loopback(url.hostname):
-        print(
-            f"error: --base-url must be http://LOOPBACK:PORT, got {args.base_url!r}",
-            file=sys.stderr,
-        )
+    url = loopback_url(args.base_url)
+    if url is None:
         return 2
     try:
         key = args.api_key_file.read_text().strip()
