@@ -156,7 +156,7 @@ def test_empty_key_file_refused(tmp_path: Path, capsys) -> None:
         "http://10.0.0.1:8000",
         "https://127.0.0.1:8000",
         "http://127.0.0.1",
-        "http://example.invalid:80",
+        "http://192.0.2.1:80",
     ],
 )
 def test_the_checks_refuse_a_base_url_off_loopback_in_one_line(base_url: str, capsys) -> None:
