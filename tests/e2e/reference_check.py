@@ -1,0 +1,294 @@
+"""The served GLM-5.2 against an independent float64 forward of the same GGUF (issue 18's proof).
+
+The pipeline's `reference` step (tests/e2e/pipeline.sh, after `indexshare`) runs it on the GPU
+machine; it needs torch, numpy and gguf-py (all staged), no vLLM and no server:
+
+    PYTHONPATH=/tmp/site:tests python3 -m e2e.reference_check --capture OUT/capture.json \\
+        --gguf /tmp/e2e/tiny-glm5-Q8_0.gguf --hf-dir /tmp/e2e/ckpt --topk OUT/topk.pt \\
+        --json OUT/reference.json
+
+capture.json (tests/e2e/index_share_check.py --capture) holds the served model's greedy tokens,
+their logprobs and the prompt logprobs of every prompt. The reference (tests/support/
+glm5_reference.py: plain torch, float64, the GGUF dequantised with gguf-py) runs teacher-forced on
+each prompt + the served tokens, then:
+- prompt logprobs: |served - reference| of each actual next token's logprob (max, mean, median,
+  p90), and of the served top-1 choice's, and how often the two top-1 choices agree;
+- greedy tokens: the first step where the reference's argmax is not the served token. Up to there
+  the teacher-forced reference IS its own greedy run; after a divergence nothing is compared (the
+  two continuations are different texts), and the output says so;
+- top-k (--topk, report only): per layer, how many of prompt 0's rows select the same key set.
+
+The spread it is judged against is vLLM's own backend-to-backend spread on prompt logprobs: from
+--spread-capture (the same capture served by another backend in the same run) when given,
+otherwise the plugin proof's committed figure (--spread-json, floor --spread-floor), named in the
+output. Verdict (the plugin proof's rule, tests/e2e/plugin_proof.py): median and p90 of the prompt
+diffs within FLOOR_FACTOR x the spread's; every greedy divergence where the reference's margin
+for its own token is at most the spread's max (vLLM's own backends differ by that much somewhere).
+Exit: 0 within the spread; 1 outside it, or an error (one line); 2 usage.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from support import cli
+
+REPO = Path(__file__).resolve().parents[2]
+PLUGIN_PROOF = REPO / "benchmarks/results/h200-2026-12-03-e2e/h200-2026-12-03/plugin_proof.json"
+# plugin_proof.FLOORS: "dtype" = vLLM's TRITON_MLA fp16 vs bf16; "same_dtype" = TRITON_MLA bf16
+# vs FLASHMLA_SPARSE bf16. The served model runs fp16, the reference float64: "dtype" is the
+# precision spread of vLLM's own backend.
+FLOOR_NAMES = {
+    "dtype": "TRITON_MLA fp16 vs TRITON_MLA bf16",
+    "same_dtype": "TRITON_MLA bf16 vs FLASHMLA_SPARSE bf16",
+}
+FLOOR_FACTOR = 2.0  # plugin_proof.FLOOR_FACTOR
+EXAMPLES = """example:
+  PYTHONPATH=/tmp/site:tests python3 -m e2e.reference_check --capture e2e-out/capture.json \\
+      --gguf /tmp/e2e/tiny-glm5-Q8_0.gguf --hf-dir /tmp/e2e/ckpt --json e2e-out/reference.json
+"""
+
+Rows = Sequence[Sequence[float]]  # [position][token] log-probabilities of the next token
+
+
+class CheckError(Exception):
+    """A problem with the inputs: one error line, exit 1."""
+
+
+def quantiles(xs: Sequence[float]) -> dict[str, float]:
+    """max, mean, median, p90 (plugin_proof.prompt_diff_quantiles' indices) and n."""
+    if not xs:
+        raise CheckError("no logprobs to compare")
+    s = sorted(xs)
+    n = len(s)
+    return {"max": round(s[-1], 5), "mean": round(sum(s) / n, 5), "median": round(s[n // 2], 5),
+            "p90": round(s[int(n * 0.9)], 5), "n": n}  # fmt: skip
+
+
+def _argmax(row: Sequence[float]) -> int:
+    return max(range(len(row)), key=row.__getitem__)
+
+
+def served_prompt(run: dict[str, Any]) -> list[tuple[int, float, int, float]]:
+    """(actual token, its logprob, top-1 token, top-1 logprob) per prompt position 1..n-1."""
+    ids, plp = run["prompt"], run.get("prompt_logprobs")
+    if not plp or len(plp) != len(ids):
+        raise CheckError(f"prompt_logprobs of a {len(ids)}-token prompt has {len(plp or [])}")
+    out = []
+    for j in range(1, len(ids)):
+        entry = {int(k): v for k, v in (plp[j] or {}).items()}
+        if ids[j] not in entry:
+            raise CheckError(f"prompt_logprobs[{j}] lacks the prompt's token {ids[j]}")
+        top = min(entry, key=lambda t: (entry[t].get("rank") or 10**9, -entry[t]["logprob"]))
+        out.append((ids[j], float(entry[ids[j]]["logprob"]), top, float(entry[top]["logprob"])))
+    return out
+
+
+def compare_run(run: dict[str, Any], ref: Rows) -> dict[str, Any]:
+    """One prompt: served logprobs/tokens vs the reference's rows over prompt + served tokens.
+
+    ref[j] is the reference's next-token distribution after position j of prompt + token_ids,
+    so ref[j - 1] predicts prompt token j and ref[n - 1 + k] generated token k.
+    """
+    n, gen = len(run["prompt"]), run.get("token_ids") or []
+    lps = (run.get("logprobs") or {}).get("token_logprobs") or []
+    if len(lps) != len(gen):
+        raise CheckError(f"{len(gen)} served tokens but {len(lps)} token_logprobs")
+    if len(ref) < n - 1 + len(gen):
+        raise CheckError(f"reference has {len(ref)} rows, needs {n - 1 + len(gen)}")
+    tok_d, top_d, agree = [], [], 0
+    for j, (tok, lp, top, top_lp) in enumerate(served_prompt(run), start=1):
+        row = ref[j - 1]
+        tok_d.append(abs(lp - float(row[tok])))
+        top_d.append(abs(top_lp - float(row[top])))
+        agree += _argmax(row) == top
+    gen_d, divergence = [], None
+    for k, tok in enumerate(gen):
+        row = ref[n - 1 + k]
+        best = _argmax(row)
+        if best != tok:
+            gap = float(row[best]) - float(row[tok])
+            divergence = {"step": k, "served": tok, "reference": best, "ref_gap": round(gap, 5)}
+            break
+        gen_d.append(abs(float(lps[k]) - float(row[tok])))
+    return {
+        "prompt_len": n,
+        "prompt_token_diffs": tok_d,
+        "top1_diffs": top_d,
+        "top1_agree": agree,
+        "generated": len(gen),
+        "greedy_equal_steps": len(gen_d),
+        "generated_diffs": gen_d,
+        "divergence": divergence,
+    }
+
+
+def spread_from_captures(a: dict[str, Any], b: dict[str, Any], source: str) -> dict[str, Any]:
+    """vLLM's own spread: |prompt logprob difference| between two served captures."""
+    if [r["prompt"] for r in a["runs"]] != [r["prompt"] for r in b["runs"]]:
+        raise CheckError(f"{source}: its prompts are not capture.json's")
+    diffs = [
+        abs(x[1] - y[1])
+        for ra, rb in zip(a["runs"], b["runs"], strict=True)
+        for x, y in zip(served_prompt(ra), served_prompt(rb), strict=True)
+    ]
+    return {"source": source, "measured": "in this run"} | quantiles(diffs)
+
+
+def spread_from_proof(path: Path, floor: str) -> dict[str, Any]:
+    """The plugin proof's committed noise floor (its checks carry the floor's quantiles)."""
+    data = json.loads(path.read_text())
+    for check in data.get("checks", []):
+        if check.get("noise_floor") == floor and "noise_floor_diff" in check:
+            q = check["noise_floor_diff"]
+            return {
+                "source": f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}: "
+                f"plugin proof floor {floor!r} ({FLOOR_NAMES.get(floor, floor)}, "
+                "prompt positions < index_topk, its tiny GLM-5 with unit-variance weights)",
+                "measured": "committed figure",
+            } | {k: q[k] for k in ("median", "p90", "max", "n")}
+    raise CheckError(f"{path}: no check with noise floor {floor!r}")
+
+
+def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, Any]:
+    """The verdict of every prompt's comparison against the spread (see the module docstring)."""
+    tok = quantiles([d for r in results for d in r["prompt_token_diffs"]])
+    top = quantiles([d for r in results for d in r["top1_diffs"]])
+    gen = [d for r in results for d in r["generated_diffs"]]
+    positions = sum(len(r["top1_diffs"]) for r in results)
+    divergences = [
+        r["divergence"] | {"prompt": i} for i, r in enumerate(results) if r["divergence"]
+    ]
+    prompt_ok = all(tok[q] <= FLOOR_FACTOR * spread[q] for q in ("median", "p90"))
+    greedy_ok = all(d["ref_gap"] <= spread["max"] for d in divergences)
+    return {
+        "passed": prompt_ok and greedy_ok,
+        "prompt_logprobs": {"actual_token": tok, "top1_choice": top,
+                            "top1_agree": sum(r["top1_agree"] for r in results),
+                            "positions": positions,
+                            "within_spread": prompt_ok,
+                            "rule": f"median and p90 <= {FLOOR_FACTOR} x the spread's"},
+        "greedy": {
+            "prompts": len(results),
+            "equal_steps": [r["greedy_equal_steps"] for r in results],
+            "generated": [r["generated"] for r in results],
+            "divergences": divergences,
+            "generated_logprob_diff": quantiles(gen) if gen else None,
+            "within_spread": greedy_ok,
+            "rule": "each divergence's reference margin (ref_gap) <= the spread's max",
+            "note": "after a prompt's first divergence nothing more is compared",
+        },
+        "spread": spread,
+    }  # fmt: skip
+
+
+def topk_agreement(served: dict[str, Any], ref_rows: dict[int, Any], n: int) -> dict[str, Any]:
+    """Per layer: rows of prompt 0 whose served key set equals the reference's (report only)."""
+    out = {}
+    for i, rows in sorted(ref_rows.items()):
+        dump = served.get(f"layer{i}")
+        if dump is None:
+            continue
+        a = dump[:n].long().sort(dim=1).values.cpu()
+        b = rows[:n].long().sort(dim=1).values.cpu()
+        if a.shape != b.shape:
+            out[f"layer{i}"] = {"error": f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"}
+            continue
+        same = int((a == b).all(dim=1).sum())
+        overlap = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b, strict=True))
+        valid = int((b >= 0).sum())
+        out[f"layer{i}"] = {"rows_equal": same, "rows": n, "key_overlap": round(overlap / valid, 5)}
+    return out
+
+
+def run_reference(
+    capture: dict[str, Any], gguf: Path, cfg: dict[str, Any], device: str
+) -> tuple[list[Any], dict[int, Any]]:
+    """Every prompt's reference log-prob rows (teacher-forced) and prompt 0's top-k rows."""
+    import torch
+    from support import glm5_reference as ref
+
+    w = ref.load_gguf(gguf, cfg)
+    w = {k: v.to(device) for k, v in w.items()}
+    rows_all, topk0 = [], {}
+    with torch.no_grad():
+        for i, run in enumerate(capture["runs"]):
+            seq = list(run["prompt"]) + list(run.get("token_ids") or [])[:-1]
+            logits, topk = ref.forward(cfg, w, seq, device=device)
+            rows_all.append(ref.logprobs(logits).cpu().tolist())
+            if i == 0:
+                topk0 = topk
+    return rows_all, topk0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = cli.parser(__doc__, EXAMPLES, prog="python3 -m e2e.reference_check")
+    p.add_argument("--capture", type=Path, required=True, help="capture.json of the served model")
+    p.add_argument("--gguf", type=Path, required=True, help="the GGUF the server loaded")
+    p.add_argument("--hf-dir", type=Path, required=True, help="the HF dir (config.json)")
+    p.add_argument("--topk", type=Path, help="topk.pt of the indexshare step (report only)")
+    p.add_argument("--spread-capture", type=Path, help="the same capture from another backend")
+    p.add_argument("--spread-json", type=Path, default=PLUGIN_PROOF, help="plugin proof.json")
+    p.add_argument("--spread-floor", choices=sorted(FLOOR_NAMES), default="dtype")
+    p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    p.add_argument("--json", type=Path, required=True, help="the verdict (reference.json)")
+    args = p.parse_args(argv)
+    t0 = time.monotonic()
+    try:
+        capture = json.loads(args.capture.read_text())
+        cfg = json.loads((args.hf_dir / "config.json").read_text())
+        if not capture.get("runs"):
+            raise CheckError(f"{args.capture} holds no runs")
+        if args.spread_capture:
+            other = json.loads(args.spread_capture.read_text())
+            spread = spread_from_captures(capture, other, str(args.spread_capture))
+        else:
+            spread = spread_from_proof(args.spread_json, args.spread_floor)
+        import torch
+
+        device = args.device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        rows, topk0 = run_reference(capture, args.gguf, cfg, device)
+        results = [compare_run(r, ref) for r, ref in zip(capture["runs"], rows, strict=True)]
+        verdict = judge(results, spread)
+        if args.topk:
+            served = torch.load(args.topk)
+            verdict["topk_prompt0"] = topk_agreement(
+                served, topk0, len(capture["runs"][0]["prompt"])
+            )
+    except CheckError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except (OSError, ValueError, KeyError, RuntimeError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}".replace("\n", " "), file=sys.stderr)
+        return 1
+    verdict["reference"] = {
+        "implementation": "tests/support/glm5_reference.py (plain torch, float64)",
+        "weights": str(args.gguf), "device": device,
+        "seconds": round(time.monotonic() - t0, 1),
+    }  # fmt: skip
+    args.json.write_text(json.dumps(verdict, indent=2) + "\n")
+    pl, gr = verdict["prompt_logprobs"], verdict["greedy"]
+    tok, spr = pl["actual_token"], verdict["spread"]
+    line = (
+        f"prompt logprobs |served - reference| median {tok['median']} p90 {tok['p90']} "
+        f"max {tok['max']} mean {tok['mean']} (n {tok['n']}); top-1 agree "
+        f"{pl['top1_agree']}/{pl['positions']}; greedy equal steps {gr['equal_steps']} of "
+        f"{gr['generated']}, divergences {len(gr['divergences'])} (nothing compared after one); "
+        f"spread median {spr['median']} p90 {spr['p90']} max {spr['max']} ({spr['measured']})"
+    )
+    if verdict["passed"]:
+        print(f"reference check passed: {line}")
+        return 0
+    print(f"error: reference check failed: {line}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
