@@ -16,7 +16,9 @@ each prompt + the served tokens, then:
 - greedy tokens: the first step where the reference's argmax is not the served token. Up to there
   the teacher-forced reference IS its own greedy run; after a divergence nothing is compared (the
   two continuations are different texts), and the output says so;
-- top-k (--topk, report only): per layer, how many of prompt 0's rows select the same key set.
+- top-k (--topk, report only): per layer, how many of prompt 0's rows select the same key set;
+- sensitivity (report only): the same reference in float16 (--sensitivity-dtype) vs float64, how
+  far rounding alone moves this random-weight MoE model (router flips amplify it).
 
 The spread it is judged against is vLLM's own backend-to-backend spread on prompt logprobs: from
 --spread-capture (the same capture served by another backend in the same run) when given,
@@ -207,23 +209,32 @@ def topk_agreement(served: dict[str, Any], ref_rows: dict[int, Any], n: int) -> 
 
 
 def run_reference(
-    capture: dict[str, Any], gguf: Path, cfg: dict[str, Any], device: str
-) -> tuple[list[Any], dict[int, Any]]:
-    """Every prompt's reference log-prob rows (teacher-forced) and prompt 0's top-k rows."""
+    capture: dict[str, Any], gguf: Path, cfg: dict[str, Any], device: str,
+    sensitivity: str | None = None,
+) -> tuple[list[Any], dict[int, Any], list[float]]:  # fmt: skip
+    """Every prompt's reference log-prob rows (teacher-forced), prompt 0's top-k rows, and
+    (``sensitivity``: a dtype name) |logprob change| of each prompt token when the same
+    reference runs in that arithmetic instead of float64."""
     import torch
     from support import glm5_reference as ref
 
     w = ref.load_gguf(gguf, cfg)
     w = {k: v.to(device) for k, v in w.items()}
-    rows_all, topk0 = [], {}
+    rows_all, topk0, moved = [], {}, []
     with torch.no_grad():
         for i, run in enumerate(capture["runs"]):
             seq = list(run["prompt"]) + list(run.get("token_ids") or [])[:-1]
             logits, topk = ref.forward(cfg, w, seq, device=device)
-            rows_all.append(ref.logprobs(logits).cpu().tolist())
+            lp = ref.logprobs(logits)
+            rows_all.append(lp.cpu().tolist())
             if i == 0:
                 topk0 = topk
-    return rows_all, topk0
+            if sensitivity:
+                low = ref.forward(cfg, w, seq, device=device, dtype=getattr(torch, sensitivity))
+                n, ids = len(run["prompt"]), torch.tensor(run["prompt"][1:], device=lp.device)
+                pos = torch.arange(n - 1, device=lp.device)
+                moved += (ref.logprobs(low[0])[pos, ids] - lp[pos, ids]).abs().cpu().tolist()
+    return rows_all, topk0, moved
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +247,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spread-json", type=Path, default=PLUGIN_PROOF, help="plugin proof.json")
     p.add_argument("--spread-floor", choices=sorted(FLOOR_NAMES), default="dtype")
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
+    p.add_argument("--sensitivity-dtype", choices=("float16", "bfloat16", "float32", "none"),
+                   default="float16",
+                   help="also run the reference in this arithmetic (report only; default: "
+                   "%(default)s, the served dtype)")  # fmt: skip
     p.add_argument("--json", type=Path, required=True, help="the verdict (reference.json)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
@@ -254,9 +269,16 @@ def main(argv: list[str] | None = None) -> int:
         device = args.device
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        rows, topk0 = run_reference(capture, args.gguf, cfg, device)
+        sens = None if args.sensitivity_dtype == "none" else args.sensitivity_dtype
+        rows, topk0, moved = run_reference(capture, args.gguf, cfg, device, sens)
         results = [compare_run(r, ref) for r, ref in zip(capture["runs"], rows, strict=True)]
         verdict = judge(results, spread)
+        if sens:
+            verdict["sensitivity"] = {
+                "dtype": sens, "prompt_logprob_diff": quantiles(moved),
+                "note": f"the same reference in {sens} vs float64 on these prompts: how far "
+                "rounding alone moves this model's logprobs (report only, not vLLM's spread)",
+            }  # fmt: skip
         if args.topk:
             served = torch.load(args.topk)
             verdict["topk_prompt0"] = topk_agreement(
@@ -283,6 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{gr['generated']}, divergences {len(gr['divergences'])} (nothing compared after one); "
         f"spread median {spr['median']} p90 {spr['p90']} max {spr['max']} ({spr['measured']})"
     )
+    if "sensitivity" in verdict:
+        q = verdict["sensitivity"]["prompt_logprob_diff"]
+        line += f"; reference in {sens} vs float64: median {q['median']} p90 {q['p90']}"
     if verdict["passed"]:
         print(f"reference check passed: {line}")
         return 0

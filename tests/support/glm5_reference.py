@@ -157,9 +157,10 @@ def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def _rope(x: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
     """RoPE of x [T, heads, d] at positions 0..T-1: pair i turns by pos * theta^(-2i/d)."""
     t, d = x.shape[0], x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, dtype=F64, device=x.device) / d)
-    ang = torch.arange(t, dtype=F64, device=x.device)[:, None] * inv[None]  # [T, d/2]
-    cos, sin = ang.cos()[:, None, :], ang.sin()[:, None, :]
+    f64 = torch.float64  # the angles in float64 whatever x is (pos * freq needs the digits)
+    inv = theta ** (-torch.arange(0, d, 2, dtype=f64, device=x.device) / d)
+    ang = torch.arange(t, dtype=f64, device=x.device)[:, None] * inv[None]  # [T, d/2]
+    cos, sin = (f(ang)[:, None, :].to(x.dtype) for f in (torch.cos, torch.sin))
     if interleaved:
         a, b = x[..., 0::2], x[..., 1::2]
         return torch.stack([a * cos - b * sin, a * sin + b * cos], dim=-1).flatten(-2)
@@ -265,18 +266,21 @@ def forward(
     lora_norm_eps: float | None = None,
     index_share: bool = True,
     device: str = "cpu",
+    dtype: torch.dtype = F64,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-    """Logits [T, vocab] (float64) of one sequence and each layer's top-k rows [T, k].
+    """Logits [T, vocab] (in ``dtype``) of one sequence and each layer's top-k rows [T, k].
 
     ``index_share=False`` gives every layer its own indexer (needs indexer weights everywhere):
     what a GLM-5 forward of the same weights would select, for tests that must tell them apart.
+    ``dtype`` other than float64: the same math in that arithmetic (weights and activations),
+    to see how much this model's outputs move with rounding alone.
     """
     if rope not in ("interleaved", "neox"):
         raise ValueError(f"rope {rope!r}: interleaved (vLLM) or neox (transformers 5.5)")
     eps = cfg["rms_norm_eps"]
     lora_eps = eps if lora_norm_eps is None else lora_norm_eps
     types = layer_types(cfg) if index_share else ["full"] * cfg["num_hidden_layers"]
-    w = {k: v.to(device=device, dtype=F64) for k, v in w.items()}
+    w = {k: v.to(device=device, dtype=dtype) for k, v in w.items()}
     x = w["model.embed_tokens.weight"][torch.tensor(ids, device=device)]
     topk: torch.Tensor | None = None
     rows: dict[int, torch.Tensor] = {}

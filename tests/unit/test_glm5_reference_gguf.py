@@ -117,7 +117,8 @@ def test_reference_check_cli_on_a_self_made_capture(
     _, rows = ref.forward(cfg, w, prompts[0])
     torch.save({f"layer{i}": t.int() for i, t in rows.items()}, tmp_path / "topk.pt")
     args = ["--gguf", str(converted["q8_0"]), "--hf-dir", str(converted["ckpt"]),
-            "--topk", str(tmp_path / "topk.pt"), "--device", "cpu"]  # fmt: skip
+            "--topk", str(tmp_path / "topk.pt"), "--device", "cpu",
+            "--sensitivity-dtype", "float32"]  # fmt: skip
 
     assert rc.main(["--capture", str(tmp_path / "capture.json"), *args,
                     "--json", str(tmp_path / "ok.json")]) == 0  # fmt: skip
@@ -129,6 +130,10 @@ def test_reference_check_cli_on_a_self_made_capture(
     assert v["spread"]["measured"] == "committed figure"
     assert all(t["rows_equal"] == 140 for t in v["topk_prompt0"].values())
     assert sorted(v["topk_prompt0"]) == [f"layer{i}" for i in range(7)]
+    sens = v["sensitivity"]  # float32 rounding alone moves these logprobs, a little
+    assert sens["dtype"] == "float32" and sens["prompt_logprob_diff"]["n"] == 139 + 149
+    assert 0 < sens["prompt_logprob_diff"]["max"] < 1e-3
+    assert "; reference in float32 vs float64: median" in out
 
     for run in capture["runs"]:
         for entry in run["prompt_logprobs"][1:]:
