@@ -12,20 +12,29 @@ their logprobs and the prompt logprobs of every prompt. The reference (tests/sup
 glm5_reference.py: plain torch, float64, the GGUF dequantised with gguf-py) runs teacher-forced on
 each prompt + the served tokens, then:
 - prompt logprobs: |served - reference| of each actual next token's logprob (max, mean, median,
-  p90), and of the served top-1 choice's, and how often the two top-1 choices agree;
+  p90), and of the served top-1 choice's, and how often the two top-1 choices agree; split into
+  the dense region (the first index_topk entries: their queries attend every key, so no
+  selection is involved) and the sparse region (the indexer selects, IndexShare matters);
+- counterfactuals: references whose shared layers reuse another full layer's top-k (GLM-5.2:
+  layers 0 and 1 instead of 2) on the sparse region: a served model doing IndexShare right is
+  closer to the true reference than to every one of them;
 - greedy tokens: the first step where the reference's argmax is not the served token. Up to there
   the teacher-forced reference IS its own greedy run; after a divergence nothing is compared (the
   two continuations are different texts), and the output says so;
 - top-k (--topk, report only): per layer, how many of prompt 0's rows select the same key set;
 - sensitivity (report only): the same reference in float16 (--sensitivity-dtype) vs float64, how
-  far rounding alone moves this random-weight MoE model (router flips amplify it).
+  far rounding alone moves this random-weight MoE model (router and top-k flips amplify it).
 
-The spread it is judged against is vLLM's own backend-to-backend spread on prompt logprobs: from
+The spread is vLLM's own backend-to-backend spread on prompt logprobs in the dense region: from
 --spread-capture (the same capture served by another backend in the same run) when given,
-otherwise the plugin proof's committed figure (--spread-json, floor --spread-floor), named in the
-output. Verdict (the plugin proof's rule, tests/e2e/plugin_proof.py): median and p90 of the prompt
-diffs within FLOOR_FACTOR x the spread's; every greedy divergence where the reference's margin
-for its own token is at most the spread's max (vLLM's own backends differ by that much somewhere).
+otherwise the plugin proof's committed figure (--spread-json, floor --spread-floor, measured on
+positions < index_topk too), named in the output. Its sparse region is not comparable: there the
+served indexer scores fp8 q and keys (vLLM's Indexer quantises them before either MQA-logits
+path) and the reference float64 ones, so near-tied keys at the top-k boundary swap; the
+counterfactuals judge that region.
+Verdict: dense median and p90 within FLOOR_FACTOR x the spread's (the plugin proof's rule,
+tests/e2e/plugin_proof.py); closer than every counterfactual; every greedy divergence where the
+reference's margin for its own token is at most the spread's max.
 Exit: 0 within the spread; 1 outside it, or an error (one line); 2 usage.
 """
 
@@ -91,11 +100,16 @@ def served_prompt(run: dict[str, Any]) -> list[tuple[int, float, int, float]]:
     return out
 
 
-def compare_run(run: dict[str, Any], ref: Rows) -> dict[str, Any]:
+def compare_run(
+    run: dict[str, Any], ref: Rows, index_topk: int, counterfactuals: dict[str, Rows] | None = None
+) -> dict[str, Any]:
     """One prompt: served logprobs/tokens vs the reference's rows over prompt + served tokens.
 
     ref[j] is the reference's next-token distribution after position j of prompt + token_ids,
-    so ref[j - 1] predicts prompt token j and ref[n - 1 + k] generated token k.
+    so ref[j - 1] predicts prompt token j and ref[n - 1 + k] generated token k. The first
+    ``index_topk`` prompt entries come from queries that attend every key (the "dense" region,
+    where the plugin proof measures its floor); the rest from queries whose keys the indexer
+    selected. ``counterfactuals``: other references' rows, compared on that sparse region.
     """
     n, gen = len(run["prompt"]), run.get("token_ids") or []
     lps = (run.get("logprobs") or {}).get("token_logprobs") or []
@@ -103,12 +117,18 @@ def compare_run(run: dict[str, Any], ref: Rows) -> dict[str, Any]:
         raise CheckError(f"{len(gen)} served tokens but {len(lps)} token_logprobs")
     if len(ref) < n - 1 + len(gen):
         raise CheckError(f"reference has {len(ref)} rows, needs {n - 1 + len(gen)}")
+    served = served_prompt(run)
     tok_d, top_d, agree = [], [], 0
-    for j, (tok, lp, top, top_lp) in enumerate(served_prompt(run), start=1):
+    for j, (tok, lp, top, top_lp) in enumerate(served, start=1):
         row = ref[j - 1]
         tok_d.append(abs(lp - float(row[tok])))
         top_d.append(abs(top_lp - float(row[top])))
         agree += _argmax(row) == top
+    cf_d = {
+        name: [abs(lp - float(rows[j - 1][tok]))
+               for j, (tok, lp, _, _) in enumerate(served, start=1) if j > index_topk]
+        for name, rows in (counterfactuals or {}).items()
+    }  # fmt: skip
     gen_d, divergence = [], None
     for k, tok in enumerate(gen):
         row = ref[n - 1 + k]
@@ -120,9 +140,11 @@ def compare_run(run: dict[str, Any], ref: Rows) -> dict[str, Any]:
         gen_d.append(abs(float(lps[k]) - float(row[tok])))
     return {
         "prompt_len": n,
+        "dense": min(index_topk, n - 1),
         "prompt_token_diffs": tok_d,
         "top1_diffs": top_d,
         "top1_agree": agree,
+        "counterfactual_diffs": cf_d,
         "generated": len(gen),
         "greedy_equal_steps": len(gen_d),
         "generated_diffs": gen_d,
@@ -130,14 +152,17 @@ def compare_run(run: dict[str, Any], ref: Rows) -> dict[str, Any]:
     }
 
 
-def spread_from_captures(a: dict[str, Any], b: dict[str, Any], source: str) -> dict[str, Any]:
-    """vLLM's own spread: |prompt logprob difference| between two served captures."""
+def spread_from_captures(
+    a: dict[str, Any], b: dict[str, Any], source: str, index_topk: int
+) -> dict[str, Any]:
+    """vLLM's own spread: |prompt logprob difference| between two served captures, on the
+    dense region (the prompt entries from queries < index_topk) as the plugin proof does."""
     if [r["prompt"] for r in a["runs"]] != [r["prompt"] for r in b["runs"]]:
         raise CheckError(f"{source}: its prompts are not capture.json's")
     diffs = [
         abs(x[1] - y[1])
         for ra, rb in zip(a["runs"], b["runs"], strict=True)
-        for x, y in zip(served_prompt(ra), served_prompt(rb), strict=True)
+        for x, y in list(zip(served_prompt(ra), served_prompt(rb), strict=True))[:index_topk]
     ]
     return {"source": source, "measured": "in this run"} | quantiles(diffs)
 
@@ -159,22 +184,39 @@ def spread_from_proof(path: Path, floor: str) -> dict[str, Any]:
 
 def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, Any]:
     """The verdict of every prompt's comparison against the spread (see the module docstring)."""
-    tok = quantiles([d for r in results for d in r["prompt_token_diffs"]])
+    every = quantiles([d for r in results for d in r["prompt_token_diffs"]])
+    dense = quantiles([d for r in results for d in r["prompt_token_diffs"][: r["dense"]]])
+    rest = [d for r in results for d in r["prompt_token_diffs"][r["dense"] :]]
     top = quantiles([d for r in results for d in r["top1_diffs"]])
     gen = [d for r in results for d in r["generated_diffs"]]
     positions = sum(len(r["top1_diffs"]) for r in results)
     divergences = [
         r["divergence"] | {"prompt": i} for i, r in enumerate(results) if r["divergence"]
     ]
-    prompt_ok = all(tok[q] <= FLOOR_FACTOR * spread[q] for q in ("median", "p90"))
+    dense_ok = all(dense[q] <= FLOOR_FACTOR * spread[q] for q in ("median", "p90"))
+    sparse = quantiles(rest) if rest else None
+    names = sorted({k for r in results for k in r["counterfactual_diffs"]})
+    cf = {k: quantiles([d for r in results for d in r["counterfactual_diffs"].get(k, [])])
+          for k in names}  # fmt: skip
+    share_ok = None if not (sparse and cf) else all(
+        sparse["median"] < q["median"] for q in cf.values()
+    )  # fmt: skip
     greedy_ok = all(d["ref_gap"] <= spread["max"] for d in divergences)
     return {
-        "passed": prompt_ok and greedy_ok,
-        "prompt_logprobs": {"actual_token": tok, "top1_choice": top,
-                            "top1_agree": sum(r["top1_agree"] for r in results),
-                            "positions": positions,
-                            "within_spread": prompt_ok,
-                            "rule": f"median and p90 <= {FLOOR_FACTOR} x the spread's"},
+        "passed": dense_ok and greedy_ok and share_ok is not False,
+        "prompt_logprobs": {
+            "actual_token": every, "top1_choice": top,
+            "top1_agree": sum(r["top1_agree"] for r in results), "positions": positions,
+            "dense": dense, "within_spread": dense_ok,
+            "rule": f"dense region (queries < index_topk): median and p90 <= {FLOOR_FACTOR} x "
+            "the spread's (which is measured there too)",
+        },
+        "index_share": {
+            "sparse": sparse, "counterfactual": cf, "closer_than_every_counterfactual": share_ok,
+            "rule": "sparse region (queries >= index_topk): the served logprobs' median "
+            "distance to the reference is below their distance to every counterfactual "
+            "reference whose shared layers reuse another full layer's top-k",
+        },
         "greedy": {
             "prompts": len(results),
             "equal_steps": [r["greedy_equal_steps"] for r in results],
@@ -208,33 +250,47 @@ def topk_agreement(served: dict[str, Any], ref_rows: dict[int, Any], n: int) -> 
     return out
 
 
+def counterfactual_sources(cfg: dict[str, Any]) -> list[int]:
+    """Full layers before the first shared one, except the last: wrong IndexShare sources."""
+    types = cfg.get("indexer_types") or []
+    if "shared" not in types:
+        return []
+    return [i for i, t in enumerate(types[: types.index("shared")]) if t == "full"][:-1]
+
+
 def run_reference(
     capture: dict[str, Any], gguf: Path, cfg: dict[str, Any], device: str,
     sensitivity: str | None = None,
-) -> tuple[list[Any], dict[int, Any], list[float]]:  # fmt: skip
-    """Every prompt's reference log-prob rows (teacher-forced), prompt 0's top-k rows, and
-    (``sensitivity``: a dtype name) |logprob change| of each prompt token when the same
-    reference runs in that arithmetic instead of float64."""
+) -> dict[str, Any]:  # fmt: skip
+    """Per prompt, teacher-forced on prompt + served tokens: the reference's log-prob rows
+    ("rows"), the counterfactual references' ("counterfactuals": {name: rows}); prompt 0's top-k
+    rows ("topk0"); with ``sensitivity`` (a dtype name), |logprob change| of every prompt token
+    when the same reference runs in that arithmetic ("moved")."""
     import torch
     from support import glm5_reference as ref
 
     w = ref.load_gguf(gguf, cfg)
     w = {k: v.to(device) for k, v in w.items()}
-    rows_all, topk0, moved = [], {}, []
+    out: dict[str, Any] = {"rows": [], "counterfactuals": [], "topk0": {}, "moved": []}
     with torch.no_grad():
         for i, run in enumerate(capture["runs"]):
             seq = list(run["prompt"]) + list(run.get("token_ids") or [])[:-1]
             logits, topk = ref.forward(cfg, w, seq, device=device)
             lp = ref.logprobs(logits)
-            rows_all.append(lp.cpu().tolist())
+            out["rows"].append(lp.cpu().tolist())
             if i == 0:
-                topk0 = topk
+                out["topk0"] = topk
+            out["counterfactuals"].append({
+                f"shared_reuse_layer{f}": ref.logprobs(
+                    ref.forward(cfg, w, seq, device=device, share_from=f)[0]).cpu()
+                for f in counterfactual_sources(cfg)
+            })  # fmt: skip
             if sensitivity:
                 low = ref.forward(cfg, w, seq, device=device, dtype=getattr(torch, sensitivity))
                 n, ids = len(run["prompt"]), torch.tensor(run["prompt"][1:], device=lp.device)
                 pos = torch.arange(n - 1, device=lp.device)
-                moved += (ref.logprobs(low[0])[pos, ids] - lp[pos, ids]).abs().cpu().tolist()
-    return rows_all, topk0, moved
+                out["moved"] += (ref.logprobs(low[0])[pos, ids] - lp[pos, ids]).abs().cpu().tolist()
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -261,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
             raise CheckError(f"{args.capture} holds no runs")
         if args.spread_capture:
             other = json.loads(args.spread_capture.read_text())
-            spread = spread_from_captures(capture, other, str(args.spread_capture))
+            spread = spread_from_captures(
+                capture, other, str(args.spread_capture), cfg["index_topk"]
+            )
         else:
             spread = spread_from_proof(args.spread_json, args.spread_floor)
         import torch
@@ -270,8 +328,14 @@ def main(argv: list[str] | None = None) -> int:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         sens = None if args.sensitivity_dtype == "none" else args.sensitivity_dtype
-        rows, topk0, moved = run_reference(capture, args.gguf, cfg, device, sens)
-        results = [compare_run(r, ref) for r, ref in zip(capture["runs"], rows, strict=True)]
+        got = run_reference(capture, args.gguf, cfg, device, sens)
+        topk0, moved = got["topk0"], got["moved"]
+        results = [
+            compare_run(r, rows, cfg["index_topk"], cf)
+            for r, rows, cf in zip(
+                capture["runs"], got["rows"], got["counterfactuals"], strict=True
+            )
+        ]
         verdict = judge(results, spread)
         if sens:
             verdict["sensitivity"] = {
@@ -296,14 +360,21 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": round(time.monotonic() - t0, 1),
     }  # fmt: skip
     args.json.write_text(json.dumps(verdict, indent=2) + "\n")
-    pl, gr = verdict["prompt_logprobs"], verdict["greedy"]
-    tok, spr = pl["actual_token"], verdict["spread"]
+    pl, gr, ish = verdict["prompt_logprobs"], verdict["greedy"], verdict["index_share"]
+    dense, spr = pl["dense"], verdict["spread"]
     line = (
-        f"prompt logprobs |served - reference| median {tok['median']} p90 {tok['p90']} "
-        f"max {tok['max']} mean {tok['mean']} (n {tok['n']}); top-1 agree "
-        f"{pl['top1_agree']}/{pl['positions']}; greedy equal steps {gr['equal_steps']} of "
-        f"{gr['generated']}, divergences {len(gr['divergences'])} (nothing compared after one); "
-        f"spread median {spr['median']} p90 {spr['p90']} max {spr['max']} ({spr['measured']})"
+        f"dense-region prompt logprobs |served - reference| median {dense['median']} p90 "
+        f"{dense['p90']} (n {dense['n']}) vs spread median {spr['median']} p90 {spr['p90']} "
+        f"({spr['measured']}, x{FLOOR_FACTOR}): {'ok' if pl['within_spread'] else 'OUTSIDE'}"
+    )
+    if ish["sparse"]:
+        cf = ", ".join(f"{k} {q['median']}" for k, q in ish["counterfactual"].items())
+        line += f"; sparse region median {ish['sparse']['median']} vs counterfactuals {cf}"
+        line += f": {'closer' if ish['closer_than_every_counterfactual'] else 'NOT closer'}"
+    line += (
+        f"; top-1 agree {pl['top1_agree']}/{pl['positions']}; greedy equal steps "
+        f"{gr['equal_steps']} of {gr['generated']}, divergences {gr['divergences'] or 'none'}"
+        f" (nothing compared after one): {'ok' if gr['within_spread'] else 'OUTSIDE'}"
     )
     if "sensitivity" in verdict:
         q = verdict["sensitivity"]["prompt_logprob_diff"]

@@ -17,6 +17,7 @@ import pytest
 from e2e import reference_check as rc
 
 VOCAB = 12
+TOPK = 20  # index_topk: prompt entries 1..20 are the dense region, 21..39 the sparse one
 SPREAD = {"source": "test", "measured": "test", "median": 0.01, "p90": 0.03, "max": 1.0, "n": 9}
 
 
@@ -73,7 +74,7 @@ def case(noise: float, force: dict[int, int] | None = None) -> tuple[list, list]
 
 
 def verdict(runs: list, refs: list) -> dict:
-    return rc.judge([rc.compare_run(r, f) for r, f in zip(runs, refs, strict=True)], SPREAD)
+    return rc.judge([rc.compare_run(r, f, TOPK) for r, f in zip(runs, refs, strict=True)], SPREAD)
 
 
 def test_within_spread_passes() -> None:
@@ -81,6 +82,9 @@ def test_within_spread_passes() -> None:
     assert v["passed"] is True
     tok = v["prompt_logprobs"]["actual_token"]
     assert tok["n"] == 3 * 39 and tok["max"] <= 0.01 and tok["median"] > 0
+    assert v["prompt_logprobs"]["dense"]["n"] == 3 * TOPK
+    assert v["index_share"]["sparse"]["n"] == 3 * 19
+    assert v["index_share"]["closer_than_every_counterfactual"] is None  # none given
     assert v["prompt_logprobs"]["top1_agree"] == 3 * 39  # the noise never reorders these rows
     assert v["greedy"]["equal_steps"] == [8, 8, 8] and v["greedy"]["divergences"] == []
     assert v["greedy"]["generated_logprob_diff"]["max"] <= 0.01
@@ -90,12 +94,47 @@ def test_prompt_logprobs_outside_spread_fail() -> None:
     v = verdict(*case(noise=0.2))
     assert v["passed"] is False
     assert v["prompt_logprobs"]["within_spread"] is False
-    assert v["prompt_logprobs"]["actual_token"]["median"] > 2 * SPREAD["median"]
+    assert v["prompt_logprobs"]["dense"]["median"] > 2 * SPREAD["median"]
+
+
+def test_only_the_dense_region_is_held_to_the_spread() -> None:
+    runs, refs = case(noise=0.01)
+    for run in runs:  # the sparse region far off (fp8 top-k swaps): not the spread's business
+        for entry in run["prompt_logprobs"][TOPK + 1 :]:
+            for e in entry.values():
+                e["logprob"] += 0.5
+    v = verdict(runs, refs)
+    assert v["passed"] is True and v["prompt_logprobs"]["dense"]["max"] <= 0.01
+    assert v["index_share"]["sparse"]["median"] == pytest.approx(0.5, abs=0.011)
+
+
+def _shifted(rows: list[list[float]], by: float) -> list[list[float]]:
+    return [row if j < TOPK else [x + by for x in row] for j, row in enumerate(rows)]
+
+
+def test_counterfactual_index_share_decides_the_sparse_region() -> None:
+    runs, refs = case(noise=0.01)
+    cfs = [{"shared_reuse_layer0": _shifted(f, 0.3), "shared_reuse_layer1": _shifted(f, -0.2)}
+           for f in refs]  # fmt: skip
+    results = [rc.compare_run(r, f, TOPK, c) for r, f, c in zip(runs, refs, cfs, strict=True)]
+    assert all(len(r["counterfactual_diffs"]["shared_reuse_layer0"]) == 19 for r in results)
+    v = rc.judge(results, SPREAD)
+    assert v["passed"] is True and v["index_share"]["closer_than_every_counterfactual"] is True
+    cf = v["index_share"]["counterfactual"]
+    assert cf["shared_reuse_layer0"]["median"] == pytest.approx(0.3, abs=0.011)
+    assert cf["shared_reuse_layer1"]["median"] == pytest.approx(0.2, abs=0.011)
+    # served as if its shared layers read layer 1's top-k: closer to that counterfactual, fails
+    wrong = [served(_shifted(f, -0.2), r["prompt"], 8, 0.01, seed=i)
+             for i, (r, f) in enumerate(zip(runs, refs, strict=True))]  # fmt: skip
+    results = [rc.compare_run(r, f, TOPK, c) for r, f, c in zip(wrong, refs, cfs, strict=True)]
+    v = rc.judge(results, SPREAD)
+    assert v["index_share"]["closer_than_every_counterfactual"] is False
+    assert v["passed"] is False and v["prompt_logprobs"]["within_spread"] is True
 
 
 def test_exact_served_logprobs_give_zero_diffs() -> None:
     runs, refs = case(noise=0.0)
-    r = rc.compare_run(runs[0], refs[0])
+    r = rc.compare_run(runs[0], refs[0], TOPK)
     assert max(r["prompt_token_diffs"]) == 0 and max(r["top1_diffs"]) == 0
     assert r["greedy_equal_steps"] == 8 and r["divergence"] is None
 
@@ -110,22 +149,22 @@ def test_greedy_divergence_is_reported_and_nothing_compared_after() -> None:
     step = 3
     alt = _second_best(ref[40 - 1 + step])
     runs[1] = served(ref, runs[1]["prompt"], 8, 0.0, seed=1, force={step: alt})
-    res = rc.compare_run(runs[1], ref)
+    res = rc.compare_run(runs[1], ref, TOPK)
     assert res["greedy_equal_steps"] == step and len(res["generated_diffs"]) == step
     row = ref[40 - 1 + step]
     best = max(range(VOCAB), key=row.__getitem__)
     assert res["divergence"] == {"step": step, "served": alt, "reference": best,
                                  "ref_gap": round(row[best] - row[alt], 5)}  # fmt: skip
-    v = rc.judge([rc.compare_run(r, f) for r, f in zip(runs, refs, strict=True)], SPREAD)
+    v = rc.judge([rc.compare_run(r, f, TOPK) for r, f in zip(runs, refs, strict=True)], SPREAD)
     assert v["greedy"]["divergences"][0]["prompt"] == 1
     assert v["greedy"]["note"] == "after a prompt's first divergence nothing more is compared"
     # within the spread exactly when the reference's margin is at most the spread's max
     gap = res["divergence"]["ref_gap"]
     assert v["greedy"]["within_spread"] is (gap <= SPREAD["max"])
-    tight = rc.judge([rc.compare_run(r, f) for r, f in zip(runs, refs, strict=True)],
+    tight = rc.judge([rc.compare_run(r, f, TOPK) for r, f in zip(runs, refs, strict=True)],
                      SPREAD | {"max": gap / 2})  # fmt: skip
     assert tight["passed"] is False and tight["greedy"]["within_spread"] is False
-    loose = rc.judge([rc.compare_run(r, f) for r, f in zip(runs, refs, strict=True)],
+    loose = rc.judge([rc.compare_run(r, f, TOPK) for r, f in zip(runs, refs, strict=True)],
                      SPREAD | {"max": gap * 2})  # fmt: skip
     assert loose["passed"] is True
 
@@ -138,7 +177,7 @@ def test_top1_choice_compared_where_it_is_not_the_actual_token() -> None:
     )
     top = next(t for t, e in run["prompt_logprobs"][j].items() if e["rank"] == 1)
     run["prompt_logprobs"][j][top]["logprob"] += 0.5  # only the top-1 entry moves
-    r = rc.compare_run(run, refs[0])
+    r = rc.compare_run(run, refs[0], TOPK)
     assert r["top1_diffs"][j - 1] == pytest.approx(0.5)
     assert r["prompt_token_diffs"][j - 1] == 0
 
@@ -147,22 +186,22 @@ def test_bad_captures_are_one_line_errors() -> None:
     runs, refs = case(noise=0.0)
     short = dict(runs[0], prompt_logprobs=runs[0]["prompt_logprobs"][:-1])
     with pytest.raises(rc.CheckError, match="prompt_logprobs of a 40-token prompt has 39"):
-        rc.compare_run(short, refs[0])
+        rc.compare_run(short, refs[0], TOPK)
     with pytest.raises(rc.CheckError, match="reference has 10 rows, needs 47"):
-        rc.compare_run(runs[0], refs[0][:10])
+        rc.compare_run(runs[0], refs[0][:10], TOPK)
     missing = json.loads(json.dumps(runs[0]))
     del missing["prompt_logprobs"][5][str(missing["prompt"][5])]
     with pytest.raises(rc.CheckError, match=r"prompt_logprobs\[5\] lacks the prompt's token"):
-        rc.compare_run(missing, refs[0])
+        rc.compare_run(missing, refs[0], TOPK)
 
 
 def test_spread_from_two_captures_and_from_the_committed_proof() -> None:
     runs, refs = case(noise=0.0)
     other, _ = case(noise=0.05)
-    s = rc.spread_from_captures({"runs": runs}, {"runs": other}, "flashmla.json")
-    assert s["measured"] == "in this run" and 0 < s["median"] <= 0.05 and s["n"] == 3 * 39
+    s = rc.spread_from_captures({"runs": runs}, {"runs": other}, "flashmla.json", TOPK)
+    assert s["measured"] == "in this run" and 0 < s["median"] <= 0.05 and s["n"] == 3 * TOPK
     with pytest.raises(rc.CheckError, match="its prompts are not capture.json's"):
-        rc.spread_from_captures({"runs": runs}, {"runs": other[::-1]}, "x.json")
+        rc.spread_from_captures({"runs": runs}, {"runs": other[::-1]}, "x.json", TOPK)
     proof = rc.spread_from_proof(rc.PLUGIN_PROOF, "dtype")
     # the committed H200 figure (benchmarks/results/h200-2026-12-03-e2e/.../plugin_proof.json)
     assert {k: proof[k] for k in ("median", "p90", "max")} == {

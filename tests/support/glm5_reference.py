@@ -150,8 +150,14 @@ def load_gguf(path: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
     return _check(cfg, w, str(path))
 
 
+def _hi(x: torch.Tensor) -> torch.dtype:
+    """At least float32: where vLLM keeps fp32 in a 16-bit model (norms, softmax, router)."""
+    return torch.promote_types(x.dtype, torch.float32)
+
+
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    h = x.to(_hi(x))
+    return (h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * weight).to(x.dtype)
 
 
 def _rope(x: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
@@ -218,7 +224,8 @@ def _attention(
     allowed = torch.zeros(t, t + 1, dtype=torch.bool, device=x.device)
     allowed.scatter_(1, topk.masked_fill(topk < 0, t), True)  # -1 lands in a dropped column
     allowed = allowed[:, :t] & torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
-    probs = scores.masked_fill(~allowed[None], -math.inf).softmax(-1)
+    probs = scores.to(_hi(scores)).masked_fill(~allowed[None], -math.inf).softmax(-1)
+    probs = probs.to(v.dtype)
     out = torch.einsum("hst,thd->shd", probs, v).reshape(t, nh * vd)
     return out @ w[p + "o_proj.weight"].T, topk
 
@@ -234,8 +241,9 @@ def _moe(cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tenso
     n_group, topk_group = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
     if cfg.get("scoring_func", "sigmoid") != "sigmoid":
         raise ValueError("the reference implements GLM-5's sigmoid router only")
-    scores = (x @ w[p + "gate.weight"].T).sigmoid()  # [T, E]
-    biased = scores + w[p + "gate.e_score_correction_bias"]
+    hi = _hi(x)  # vLLM routes in fp32 (GateLinear's out_dtype with a correction bias)
+    scores = (x.to(hi) @ w[p + "gate.weight"].to(hi).T).sigmoid()  # [T, E]
+    biased = scores + w[p + "gate.e_score_correction_bias"].to(hi)
     groups = biased.view(-1, n_group, n_exp // n_group).topk(min(2, n_exp // n_group), -1)[0]
     keep = groups.sum(-1).topk(topk_group, -1)[1]  # [T, topk_group]
     group_mask = torch.zeros_like(groups[..., 0]).scatter_(1, keep, 1.0).bool()
@@ -245,7 +253,7 @@ def _moe(cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tenso
     if cfg.get("norm_topk_prob", True):
         gates = gates / (gates.sum(-1, keepdim=True) + 1e-20)
     gates = gates * cfg.get("routed_scaling_factor", 1.0)
-    dense = torch.zeros_like(scores).scatter_(1, chosen, gates)  # [T, E], 0 for unchosen
+    dense = torch.zeros_like(scores).scatter_(1, chosen, gates).to(x.dtype)  # 0: unchosen
     out = _swiglu(
         x, w[p + "shared_experts.gate_proj.weight"], w[p + "shared_experts.up_proj.weight"],
         w[p + "shared_experts.down_proj.weight"],
@@ -265,6 +273,7 @@ def forward(
     rope: str = "interleaved",
     lora_norm_eps: float | None = None,
     index_share: bool = True,
+    share_from: int | None = None,
     device: str = "cpu",
     dtype: torch.dtype = F64,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -272,6 +281,8 @@ def forward(
 
     ``index_share=False`` gives every layer its own indexer (needs indexer weights everywhere):
     what a GLM-5 forward of the same weights would select, for tests that must tell them apart.
+    ``share_from`` (a full layer): the shared layers reuse that layer's top-k instead of the
+    last full one's, a counterfactual IndexShare for checks that must be able to fail.
     ``dtype`` other than float64: the same math in that arithmetic (weights and activations),
     to see how much this model's outputs move with rounding alone.
     """
@@ -287,6 +298,8 @@ def forward(
     for i, kind in enumerate(types):
         p = f"model.layers.{i}."
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
+        if kind == "shared" and share_from is not None:
+            topk = rows[share_from]
         a, topk = _attention(cfg, w, p + "self_attn.", h, topk, kind, rope, lora_eps)
         rows[i] = topk
         x = x + a

@@ -72,15 +72,18 @@ def test_gguf_missing_tensor_is_an_error(converted: dict[str, Path], tmp_path: P
     assert "no tensor for model.layers.7." in str(exc.value)
 
 
-def _capture_from_reference(cfg: dict, w: dict, prompts: list[list[int]], gen: int) -> dict:
-    """A capture.json as index_share_check writes it, "served" by the reference itself."""
+def _capture_from_reference(
+    cfg: dict, w: dict, prompts: list[list[int]], gen: int, **kw: object
+) -> dict:
+    """A capture.json as index_share_check writes it, "served" by the reference itself
+    (``kw``: forward options, e.g. a wrong IndexShare source)."""
     runs = []
     for ids in prompts:
         seq = list(ids)
         for _ in range(gen):  # free-running greedy, one forward per token
-            logits, _ = ref.forward(cfg, w, seq)
+            logits, _ = ref.forward(cfg, w, seq, **kw)
             seq.append(int(logits[-1].argmax()))
-        lp = ref.logprobs(ref.forward(cfg, w, seq[:-1])[0])
+        lp = ref.logprobs(ref.forward(cfg, w, seq[:-1], **kw)[0])
         plp: list = [None]
         for j in range(1, len(ids)):
             order = lp[j - 1].argsort(descending=True).tolist()
@@ -123,9 +126,14 @@ def test_reference_check_cli_on_a_self_made_capture(
     assert rc.main(["--capture", str(tmp_path / "capture.json"), *args,
                     "--json", str(tmp_path / "ok.json")]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert out.startswith("reference check passed: prompt logprobs |served - reference| median")
+    assert out.startswith("reference check passed: dense-region prompt logprobs |served - ref")
     v = json.loads((tmp_path / "ok.json").read_text())
     assert v["prompt_logprobs"]["actual_token"]["max"] < 1e-9
+    assert v["prompt_logprobs"]["dense"]["n"] == 2 * 128
+    ish = v["index_share"]  # the counterfactuals (layers 0, 1 instead of 2) are far
+    assert sorted(ish["counterfactual"]) == ["shared_reuse_layer0", "shared_reuse_layer1"]
+    assert ish["closer_than_every_counterfactual"] is True and ish["sparse"]["max"] < 1e-9
+    assert all(q["median"] > 0.05 for q in ish["counterfactual"].values())
     assert v["greedy"]["equal_steps"] == [3, 3] and v["greedy"]["divergences"] == []
     assert v["spread"]["measured"] == "committed figure"
     assert all(t["rows_equal"] == 140 for t in v["topk_prompt0"].values())
@@ -143,6 +151,19 @@ def test_reference_check_cli_on_a_self_made_capture(
     assert rc.main(["--capture", str(tmp_path / "shifted.json"), *args,
                     "--json", str(tmp_path / "bad.json")]) == 1  # fmt: skip
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: reference check failed: prompt logprobs")
+    assert len(err) == 1 and err[0].startswith(
+        "error: reference check failed: dense-region prompt logprobs"
+    )
     bad = json.loads((tmp_path / "bad.json").read_text())
-    assert bad["passed"] is False and bad["prompt_logprobs"]["actual_token"]["median"] == 0.2
+    assert bad["passed"] is False and bad["prompt_logprobs"]["dense"]["median"] == 0.2
+
+    # A server whose shared layers read layer 1's top-k (not layer 2's): the dense region is
+    # the same math, the sparse region gives it away.
+    wrong = _capture_from_reference(cfg, w, prompts, gen=3, share_from=1)
+    (tmp_path / "wrong.json").write_text(json.dumps(wrong))
+    assert rc.main(["--capture", str(tmp_path / "wrong.json"), *args,
+                    "--json", str(tmp_path / "wrong-out.json")]) == 1  # fmt: skip
+    assert "NOT closer" in capsys.readouterr().err
+    v = json.loads((tmp_path / "wrong-out.json").read_text())
+    assert v["prompt_logprobs"]["within_spread"] is True
+    assert v["index_share"]["closer_than_every_counterfactual"] is False
