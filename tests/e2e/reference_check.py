@@ -33,8 +33,11 @@ served indexer scores fp8 q and keys (vLLM's Indexer quantises them before eithe
 path) and the reference float64 ones, so near-tied keys at the top-k boundary swap; the
 counterfactuals judge that region.
 Verdict: dense median and p90 within FLOOR_FACTOR x the spread's (the plugin proof's rule,
-tests/e2e/plugin_proof.py); closer than every counterfactual; every greedy divergence where the
-reference's margin for its own token is at most the spread's max.
+tests/e2e/plugin_proof.py) and the sparse region closer than every counterfactual. Greedy
+divergences are reported, with the reference's margin and whether it is within the spread's
+max, not judged: the plugin proof does the same with its own, and every generated token sits in
+the sparse region (measured here on CPU: a float16 run of this reference, nothing else changed,
+diverges from the float64 one with margins up to 2.9, beyond the committed spread's max 1.4).
 Exit: 0 within the spread; 1 outside it, or an error (one line); 2 usage.
 """
 
@@ -201,9 +204,10 @@ def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, An
     share_ok = None if not (sparse and cf) else all(
         sparse["median"] < q["median"] for q in cf.values()
     )  # fmt: skip
-    greedy_ok = all(d["ref_gap"] <= spread["max"] for d in divergences)
+    for d in divergences:
+        d["within_spread_max"] = d["ref_gap"] <= spread["max"]
     return {
-        "passed": dense_ok and greedy_ok and share_ok is not False,
+        "passed": dense_ok and share_ok is not False,
         "prompt_logprobs": {
             "actual_token": every, "top1_choice": top,
             "top1_agree": sum(r["top1_agree"] for r in results), "positions": positions,
@@ -223,8 +227,10 @@ def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, An
             "generated": [r["generated"] for r in results],
             "divergences": divergences,
             "generated_logprob_diff": quantiles(gen) if gen else None,
-            "within_spread": greedy_ok,
-            "rule": "each divergence's reference margin (ref_gap) <= the spread's max",
+            "judged": False,
+            "rule": "reported, as the plugin proof reports its own greedy divergences: every "
+            "generated token sits in the sparse region, where fp8 top-k swaps flip near ties "
+            "(a float16 run of this very reference diverges with margins up to ~2.9)",
             "note": "after a prompt's first divergence nothing more is compared",
         },
         "spread": spread,
@@ -244,7 +250,10 @@ def topk_agreement(served: dict[str, Any], ref_rows: dict[int, Any], n: int) -> 
             out[f"layer{i}"] = {"error": f"shapes {tuple(a.shape)} vs {tuple(b.shape)}"}
             continue
         same = int((a == b).all(dim=1).sum())
-        overlap = sum(len(set(x.tolist()) & set(y.tolist())) for x, y in zip(a, b, strict=True))
+        overlap = sum(
+            len({t for t in x.tolist() if t >= 0} & {t for t in y.tolist() if t >= 0})
+            for x, y in zip(a, b, strict=True)
+        )
         valid = int((b >= 0).sum())
         out[f"layer{i}"] = {"rows_equal": same, "rows": n, "key_overlap": round(overlap / valid, 5)}
     return out
@@ -374,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
     line += (
         f"; top-1 agree {pl['top1_agree']}/{pl['positions']}; greedy equal steps "
         f"{gr['equal_steps']} of {gr['generated']}, divergences {gr['divergences'] or 'none'}"
-        f" (nothing compared after one): {'ok' if gr['within_spread'] else 'OUTSIDE'}"
+        " (nothing compared after one; reported, not judged)"
     )
     if "sensitivity" in verdict:
         q = verdict["sensitivity"]["prompt_logprob_diff"]

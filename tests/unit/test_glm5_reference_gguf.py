@@ -136,7 +136,9 @@ def test_reference_check_cli_on_a_self_made_capture(
     assert all(q["median"] > 0.05 for q in ish["counterfactual"].values())
     assert v["greedy"]["equal_steps"] == [3, 3] and v["greedy"]["divergences"] == []
     assert v["spread"]["measured"] == "committed figure"
-    assert all(t["rows_equal"] == 140 for t in v["topk_prompt0"].values())
+    assert all(
+        t["rows_equal"] == 140 and t["key_overlap"] == 1.0 for t in v["topk_prompt0"].values()
+    )
     assert sorted(v["topk_prompt0"]) == [f"layer{i}" for i in range(7)]
     sens = v["sensitivity"]  # float32 rounding alone moves these logprobs, a little
     assert sens["dtype"] == "float32" and sens["prompt_logprob_diff"]["n"] == 139 + 149
