@@ -27,6 +27,10 @@
 #               for the reference comparison -> $OUT/index_share.json, capture.json, topk.pt
 #   tools       tests/e2e/tool_check.py (SERVE_EXTRA with the GLM parsers, CHAT_TEMPLATE):
 #               tool-call and thinking requests, streamed and not -> $OUT/tools.json
+#   reference   tests/e2e/reference_check.py, after indexshare (needs its capture.json and
+#               topk.pt, not the server): the served greedy tokens and prompt logprobs vs an
+#               independent float64 forward of the merged GGUF (tests/support/glm5_reference.py),
+#               judged against vLLM's own backend spread (REFERENCE_SPREAD) -> $OUT/reference.json
 # Every invocation ends with a report: $OUT/summary.json (step times and statuses, failure
 # messages, smoke figures), $OUT/server.log, $OUT/logs.tgz (every log), at most 8 files.
 #
@@ -41,12 +45,14 @@
 #   --generation), LAYERS (trunk layers; 7 for 5.2, so layers 3-5 are shared), TOPK_DUMP (N: the
 #   server saves each layer's top-k rows of an N-token forward, VLLM_SPARSE_MLA_DUMP_TOPK),
 #   CHAT_TEMPLATE (glm47 or a .jinja path: tests/support/glm_chat.py adds GLM's tool/think tokens
-#   and the template to the HF dir before serving).
+#   and the template to the HF dir before serving), REFERENCE_SPREAD (a capture.json of the same
+#   prompts from another vLLM backend, the spread measured in the run; default: the plugin
+#   proof's committed fp16-vs-bf16 figure).
 # Exit: 0 all selected steps passed, 1 a step failed or was skipped, 2 usage.
 set -uo pipefail
 
 STEPS=(ckpt convert merge repro patch serve health routes smoke backends stop)
-EXTRA_STEPS=(indexshare tools)   # not in `all`
+EXTRA_STEPS=(indexshare tools reference)   # not in `all`
 CRITICAL=" ckpt convert merge patch serve health "   # a failure here skips the later steps
 
 usage() { sed -n '2,/^# Exit/p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -278,6 +284,14 @@ step_indexshare() {
     --base-url "http://127.0.0.1:$PORT" --api-key-file "$WORK/api_key" --model "$MODEL_NAME" \
     --hf-dir "$CKPT" --dump-dir "$WORK/topk" --tokens "$TOPK_DUMP" --json "$OUT/index_share.json" \
     --capture "$OUT/capture.json" --topk-out "$OUT/topk.pt"
+}
+
+step_reference() {
+  local spread=()
+  [ -z "${REFERENCE_SPREAD:-}" ] || spread=(--spread-capture "$REFERENCE_SPREAD")
+  xl reference.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m e2e.reference_check \
+    --capture "$OUT/capture.json" --gguf "$MERGED" --hf-dir "$CKPT" --topk "$OUT/topk.pt" \
+    --json "$OUT/reference.json" "${spread[@]}"
 }
 
 step_tools() {

@@ -264,3 +264,27 @@ def test_indexshare_without_topk_dump_fails(tmp_path: Path) -> None:
     r = run(["bash", str(PIPELINE), "--dry-run", "indexshare"], env=env)
     assert r.returncode == 1
     assert "error: indexshare needs TOPK_DUMP=N (set for serve too)" in r.stdout
+
+
+def test_dry_run_of_the_reference_step(tmp_path: Path) -> None:
+    work, out = tmp_path / "work", tmp_path / "out"
+    env = {"WORK": str(work), "OUT": str(out), "PY": "python3", "GENERATION": "5.2",
+           "TOPK_DUMP": "301"}  # fmt: skip
+    steps = ["indexshare", "reference", "stop"]
+    r = run(["bash", str(PIPELINE), "--dry-run", *steps], env=env)
+    assert r.returncode == 0, r.stderr
+    order = [line.split()[-1] for line in r.stdout.splitlines() if line.startswith("== step ")]
+    assert order == steps
+    ref = next(line for line in r.stdout.splitlines() if "-m e2e.reference_check" in line)
+    assert ref == (
+        "+ env PYTHONPATH=tests:/tmp/site python3 -m e2e.reference_check"
+        f" --capture {out}/capture.json --gguf {work}/tiny-glm5-Q8_0.gguf --hf-dir {work}/ckpt"
+        f" --topk {out}/topk.pt --json {out}/reference.json >> {work}/logs/reference.log"
+    )
+    r = run(["bash", str(PIPELINE), "--dry-run", "reference"],
+            env=env | {"REFERENCE_SPREAD": "/tmp/flashmla.json"})  # fmt: skip
+    assert "--json " + f"{out}/reference.json --spread-capture /tmp/flashmla.json >>" in r.stdout
+    all_steps = dry_run(tmp_path, "all").stdout
+    assert "== step reference" not in all_steps and "reference_check" not in all_steps
+    usage = run(["bash", str(PIPELINE), "--help"]).stdout
+    assert "reference   tests/e2e/reference_check.py, after indexshare" in usage
