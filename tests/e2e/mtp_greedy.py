@@ -17,7 +17,8 @@ longer than index_topk (so attention is truly sparse), ignore_eos:
   speculative config: vLLM does not inherit it), so its own MLA layer and indexer run on ours.
 - FLASHMLA_SPARSE: vLLM's own sparse backend, the reference path. It runs bfloat16 only, and the
   GLM-5 GGUF path is float16 only (patch 0002), so this reference serves the same weights from
-  the tiny checkpoint's safetensors (vLLM's own MTP loader for glm_moe_dsa).
+  the tiny checkpoint's safetensors (vLLM's own MTP loader for glm_moe_dsa), from a copy in
+  OUTDIR/ref-ckpt that adds the MTP layer's embed_tokens/head (see reference_checkpoint).
 The sparse_mla_indexer (`--indexer`, default triton: our Triton MQA-logits kernels, the SM120
 path, with next_n = 1 + k rows per request) applies to CUSTOM's engines.
 
@@ -77,6 +78,26 @@ def _metrics(llm: Any) -> dict[str, Any]:
     return out
 
 
+def reference_checkpoint(hf_dir: Path, dest: Path) -> Path:
+    """HF_DIR with the MTP layer's own embed_tokens and shared_head.head (copies of the trunk's,
+    as DeepSeek-V3 checkpoints ship them): vLLM's safetensors loader checks strictly that every
+    parameter of the draft is loaded, and GLM-5's layout (the tiny builder's) has neither; the
+    proposer replaces both with the target's, so the values change nothing."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in hf_dir.iterdir():
+        if f.name != "model.safetensors" and f.is_file():
+            (dest / f.name).write_bytes(f.read_bytes())
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    weights[mtp + "embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    weights[mtp + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file(weights, str(dest / "model.safetensors"), {"format": "pt"})
+    return dest
+
+
 def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[str, Any]:
     import torch
     from vllm import LLM, SamplingParams
@@ -104,8 +125,9 @@ def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[st
             cudagraph_capture_sizes=[1, 2, 4, 8, 16],
         )
     t0 = time.perf_counter()
+    hf_ref = args.outdir / "ref-ckpt"
     llm = LLM(
-        model=str(args.gguf if gguf else args.hf_dir),
+        model=str(args.gguf if gguf else hf_ref),
         tokenizer=str(args.hf_dir),
         dtype=BACKENDS[backend],
         seed=SEED,
@@ -248,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
                  "--indexer", args.indexer, "--k", *map(str, args.k)]  # fmt: skip
     if args.eager:
         forwarded.append("--eager")
+    if "FLASHMLA_SPARSE" in args.backend:
+        reference_checkpoint(args.hf_dir, args.outdir / "ref-ckpt")
     for backend in args.backend:
         t0 = time.perf_counter()
         with open(args.outdir / f"{backend}.log", "w") as blog:
