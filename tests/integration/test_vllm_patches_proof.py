@@ -214,8 +214,8 @@ def test_patched_rebuilds_kv_b_proj_from_q5_0_and_q4_0_halves(runs: dict) -> Non
 
 def test_patched_skips_mtp_layer_with_a_log_line(runs: dict) -> None:
     assert runs["patched"]["skip_logs"] == [
-        "Skipping 27 GGUF tensors of the MTP/nextn layer(s) blk.3: vLLM 0.23.0 cannot run "
-        "speculative decoding from GGUF (do not pass --speculative-config)."
+        "Skipping 27 GGUF tensors of the MTP/nextn layer(s) blk.3 in the trunk: they load into the "
+        "MTP draft model only (--speculative-config with method mtp)."
     ]
 
 

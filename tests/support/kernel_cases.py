@@ -108,7 +108,8 @@ def run_paged(name: str, device: str) -> dict[str, torch.Tensor]:
     from vllm_sparse_mla.kernels import paged_mqa_logits, paged_mqa_logits_metadata
     from vllm_sparse_mla.kernels import reference as ref
 
-    next_n = 2 if "n2" in name else 1
+    # paged_n<k>_...: next_n = k query rows per request (1 + speculative tokens, causal)
+    next_n = int(name.split("_")[1].removeprefix("n"))
     ctx = torch.tensor([5, 128, 70], dtype=torch.int32)
     if "ctx2d" in name:
         ctx = torch.stack([ctx - (next_n - 1 - j) for j in range(next_n)], 1).to(torch.int32)
@@ -155,6 +156,9 @@ CASES: dict[str, Callable[[str, str], dict[str, torch.Tensor]]] = {
     "paged_n1_raw": run_paged,
     "paged_n2_clean": run_paged,
     "paged_n2_ctx2d_clean": run_paged,
+    "paged_n3_clean": run_paged,  # MTP k=2: 3 rows per request (NEXT_N_PAD 4, one row masked)
+    "paged_n4_clean": run_paged,  # MTP k=3
+    "paged_n4_ctx2d_raw": run_paged,
     **{f"topk_{n}": run_topk for n in TOPK_CASES},
 }
 

@@ -1,0 +1,323 @@
+"""GPU proof of MTP speculative decoding from the GGUF's nextn layer (issue 17): greedy outputs
+with k = 1..3 speculative tokens equal the run without MTP, token for token.
+
+One command on the GPU machine, after `tests/e2e/pipeline.sh` ran with CKPT_BUILDER=proof (the
+tiny GLM-5 with its MTP layer, converted by llama.cpp and merged; patches applied to /tmp/site,
+the plugin installed there):
+
+    PYTHONPATH=/tmp/site:tests python3 -m e2e.mtp_greedy OUTDIR \
+        --gguf /tmp/e2e/tiny-glm5-Q8_0.gguf --hf-dir /tmp/e2e/ckpt \
+        --backend CUSTOM FLASHMLA_SPARSE --k 0 1 2 3
+
+Per backend one worker process runs vLLM offline (`LLM(...)`) once per k, with full CUDA graphs
+for (spec-)decode batches (FULL_DECODE_ONLY, no torch.compile), greedy, fixed random prompts
+longer than index_topk (so attention is truly sparse), ignore_eos:
+- CUSTOM: our backend, float16, from the GGUF (the target through patches 0001-0008, the MTP
+  draft through patch 0009); the draft is given the same backend (`attention_backend` in the
+  speculative config: vLLM does not inherit it), so its own MLA layer and indexer run on ours.
+- FLASHMLA_SPARSE: vLLM's own sparse backend, the reference path. It runs bfloat16 only, and the
+  GLM-5 GGUF path is float16 only (patch 0002), so this reference serves the same weights from
+  the tiny checkpoint's safetensors (vLLM's own MTP loader for glm_moe_dsa), from a copy in
+  OUTDIR/ref-ckpt that adds the MTP layer's embed_tokens/head (see reference_checkpoint).
+The sparse_mla_indexer (`--indexer`, default triton: our Triton MQA-logits kernels, the SM120
+path, with next_n = 1 + k rows per request) applies to CUSTOM's engines.
+
+Writes OUTDIR/mtp.json: per backend and k the tokens, init and generate seconds, seconds per
+engine step (a step = one target forward: k=0 one token per request, k>0 up to 1 + k), vLLM's
+spec-decode counters (drafts, draft tokens, accepted tokens, per position) and the acceptance
+rate; per backend and k>0 the comparison with k=0 (equal prompts, the first divergence and
+whether k=0's top-2 logprobs there are a near tie). OUTDIR/mtp.log is the summary, OUTDIR/
+<backend>.log vLLM's output. Random weights draft badly: a low acceptance rate is expected and
+proves nothing about speed; equality is the point. Exit 0 when every k>0 run equals k=0 (near
+ties allowed, see --tie), 1 otherwise, 2 usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+SEED = 0
+NUM_PROMPTS = 4
+PROMPT_LEN = 200  # > index_topk 128 of the tiny model
+NEW_TOKENS = 32
+TOP_LOGPROBS = 2
+BACKENDS = {"CUSTOM": "float16", "FLASHMLA_SPARSE": "bfloat16"}
+SPEC_COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
+    "vllm:spec_decode_num_draft_tokens": "draft_tokens",
+    "vllm:spec_decode_num_accepted_tokens": "accepted_tokens",
+}
+
+
+def prompts(vocab: int) -> list[list[int]]:
+    import random
+
+    rng = random.Random(SEED)
+    return [[rng.randrange(16, vocab) for _ in range(PROMPT_LEN)] for _ in range(NUM_PROMPTS)]
+
+
+def _metrics(llm: Any) -> dict[str, Any]:
+    """vLLM's spec-decode counters (LLM.get_metrics, needs disable_log_stats=False)."""
+    out: dict[str, Any] = {"per_position": None}
+    for m in llm.get_metrics():
+        if m.name in SPEC_COUNTERS:
+            out[SPEC_COUNTERS[m.name]] = int(m.value)
+        elif m.name == "vllm:spec_decode_num_accepted_tokens_per_pos":
+            out["per_position"] = [int(v) for v in m.values]
+        elif m.name == "vllm:iteration_tokens_total":
+            out["steps"] = int(m.count)
+    if out.get("draft_tokens"):
+        out["acceptance_rate"] = round(out["accepted_tokens"] / out["draft_tokens"], 4)
+    return out
+
+
+def reference_checkpoint(hf_dir: Path, dest: Path) -> Path:
+    """HF_DIR with the MTP layer's own embed_tokens and shared_head.head (copies of the trunk's,
+    as DeepSeek-V3 checkpoints ship them): vLLM's safetensors loader checks strictly that every
+    parameter of the draft is loaded, and GLM-5's layout (the tiny builder's) has neither; the
+    proposer replaces both with the target's, so the values change nothing."""
+    from safetensors.torch import load_file, save_file
+
+    config = json.loads((hf_dir / "config.json").read_text())
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    dest.mkdir(parents=True, exist_ok=True)
+    for f in hf_dir.iterdir():
+        if f.name != "model.safetensors" and f.is_file():
+            (dest / f.name).write_bytes(f.read_bytes())
+    weights = load_file(str(hf_dir / "model.safetensors"))
+    weights[mtp + "embed_tokens.weight"] = weights["model.embed_tokens.weight"].clone()
+    weights[mtp + "shared_head.head.weight"] = weights["lm_head.weight"].clone()
+    save_file(weights, str(dest / "model.safetensors"), {"format": "pt"})
+    return dest
+
+
+def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.config import CompilationConfig
+    from vllm.config.compilation import CompilationMode, CUDAGraphMode
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    from vllm.inputs import TokensPrompt
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    gguf = backend == "CUSTOM"
+    kwargs: dict[str, Any] = {}
+    if gguf:
+        kwargs |= {"hf_config_path": str(args.hf_dir), "additional_config": {
+            "sparse_mla_indexer": args.indexer}}  # fmt: skip
+    if k:
+        kwargs["speculative_config"] = {
+            "method": "mtp",
+            "num_speculative_tokens": k,
+            "attention_backend": backend,
+        }
+    if not args.eager:
+        kwargs["compilation_config"] = CompilationConfig(
+            mode=CompilationMode.NONE,
+            cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY,
+            cudagraph_capture_sizes=[1, 2, 4, 8, 16],
+        )
+    t0 = time.perf_counter()
+    hf_ref = args.outdir / "ref-ckpt"
+    llm = LLM(
+        model=str(args.gguf if gguf else hf_ref),
+        tokenizer=str(args.hf_dir),
+        dtype=BACKENDS[backend],
+        seed=SEED,
+        enforce_eager=args.eager,
+        attention_backend=AttentionBackendEnum[backend],
+        max_model_len=512,
+        max_num_seqs=NUM_PROMPTS,
+        max_num_batched_tokens=1024,
+        enable_prefix_caching=False,
+        gpu_memory_utilization=0.2,
+        kv_cache_memory_bytes=1 << 30,
+        disable_log_stats=False,
+        **kwargs,
+    )
+    init_s = time.perf_counter() - t0
+    try:
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        params = SamplingParams(
+            temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True, logprobs=TOP_LOGPROBS,
+            seed=SEED,
+        )  # fmt: skip
+        batch = [TokensPrompt(prompt_token_ids=p) for p in prompts(vocab)]
+        llm.generate(batch[:1], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)
+        before = _metrics(llm)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        outs = llm.generate(batch, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        gen_s = time.perf_counter() - t1
+        after = _metrics(llm)
+        spec = {
+            key: after[key] - before.get(key, 0)
+            for key in ("drafts", "draft_tokens", "accepted_tokens", "steps")
+            if key in after
+        }
+        if after.get("per_position"):
+            prev = before.get("per_position") or [0] * len(after["per_position"])
+            spec["per_position"] = [
+                a - b for a, b in zip(after["per_position"], prev, strict=False)
+            ]
+        if spec.get("draft_tokens"):
+            spec["acceptance_rate"] = round(spec["accepted_tokens"] / spec["draft_tokens"], 4)
+        seqs = []
+        for out in outs:
+            c = out.outputs[0]
+            steps = [
+                sorted((float(v.logprob) for v in lp.values()), reverse=True)[:2]
+                for lp in (c.logprobs or [])
+            ]
+            seqs.append({"tokens": list(c.token_ids), "top2": steps})
+        result = {
+            "backend": backend, "k": k, "dtype": BACKENDS[backend],
+            "model": "gguf" if gguf else "safetensors", "init_s": round(init_s, 1),
+            "generate_s": round(gen_s, 4), "spec": spec, "seqs": seqs,
+        }  # fmt: skip
+        if spec.get("steps"):
+            result["s_per_step"] = round(gen_s / spec["steps"], 6)
+        print(f"[{backend} k={k}] init {init_s:.1f}s generate {gen_s:.3f}s {spec}", file=log,
+              flush=True)  # fmt: skip
+        return result
+    finally:  # free the GPU for the next engine even when this one failed
+        engine_core = getattr(llm.llm_engine, "engine_core", None)
+        if engine_core is not None and hasattr(engine_core, "shutdown"):
+            engine_core.shutdown()
+        del llm
+        cleanup_dist_env_and_memory()
+
+
+def worker(backend: str, out: Path, args: argparse.Namespace) -> int:
+    results: dict[str, Any] = {"runs": {}, "errors": {}}
+    for k in args.k:
+        try:
+            results["runs"][str(k)] = run_one(backend, k, args, sys.stdout)
+        except Exception as exc:  # keep going: the other k still say something
+            import traceback
+
+            traceback.print_exc()
+            results["errors"][str(k)] = f"{type(exc).__name__}: {exc}"
+        out.write_text(json.dumps(results))
+    return 0
+
+
+def compare(run: dict[str, Any], ref: dict[str, Any], tie: float) -> dict[str, Any]:
+    """k>0 vs k=0 of one backend: equal prompts; else the first divergence, near tie or not."""
+    rows = []
+    for i, (a, b) in enumerate(zip(run["seqs"], ref["seqs"], strict=True)):
+        if a["tokens"] == b["tokens"]:
+            rows.append({"prompt": i, "equal": True})
+            continue
+        pos = next(
+            j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=False)) if x != y
+        )
+        top2 = b["top2"][pos] if pos < len(b["top2"]) else []
+        margin = top2[0] - top2[1] if len(top2) == 2 else None
+        rows.append({"prompt": i, "equal": False, "first_divergence": pos, "ref_margin": margin,
+                     "near_tie": margin is not None and margin <= tie})  # fmt: skip
+    return {
+        "equal_prompts": sum(r["equal"] for r in rows),
+        "prompts": len(rows),
+        "passed": all(r["equal"] or r["near_tie"] for r in rows),
+        "rows": rows,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog="example: PYTHONPATH=/tmp/site:tests python3 -m e2e.mtp_greedy /tmp/mtp "
+        "--gguf /tmp/e2e/tiny-glm5-Q8_0.gguf --hf-dir /tmp/e2e/ckpt --k 0 1 2 3",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("outdir", type=Path)
+    p.add_argument("--gguf", type=Path, required=True, help="the merged tiny GGUF (with nextn)")
+    p.add_argument("--hf-dir", type=Path, required=True, help="its checkpoint folder")
+    p.add_argument("--backend", nargs="+", choices=sorted(BACKENDS), default=["CUSTOM"])
+    p.add_argument("--k", nargs="+", type=int, default=[0, 1, 2, 3],
+                   help="speculative tokens per run; 0 (no MTP) is the reference")  # fmt: skip
+    p.add_argument("--indexer", choices=("auto", "triton", "deepgemm"), default="triton")
+    p.add_argument("--eager", action="store_true", help="no CUDA graphs (a fallback)")
+    p.add_argument("--tie", type=float, default=0.02,
+                   help="pass a divergence where k=0's top-2 logprobs differ <= this")  # fmt: skip
+    p.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if any(k < 0 or k > 3 for k in args.k) or 0 not in args.k:
+        p.error("--k takes 0..3 and must include 0 (the reference)")
+    for path in (args.gguf, args.hf_dir):
+        if not path.exists():
+            print(f"error: {path} does not exist (run tests/e2e/pipeline.sh with "
+                  "CKPT_BUILDER=proof first)", file=sys.stderr)  # fmt: skip
+            return 2
+    if args.worker:
+        return worker(args.worker, args.outdir / f"{args.worker}.json", args)
+
+    args.outdir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    report: dict[str, Any] = {"runs": {}, "checks": [], "errors": {}}
+    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0",
+           "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    forwarded = [str(args.outdir), "--gguf", str(args.gguf), "--hf-dir", str(args.hf_dir),
+                 "--indexer", args.indexer, "--k", *map(str, args.k)]  # fmt: skip
+    if args.eager:
+        forwarded.append("--eager")
+    if "FLASHMLA_SPARSE" in args.backend:
+        reference_checkpoint(args.hf_dir, args.outdir / "ref-ckpt")
+    for backend in args.backend:
+        t0 = time.perf_counter()
+        with open(args.outdir / f"{backend}.log", "w") as blog:
+            proc = subprocess.run(
+                [sys.executable, "-m", "e2e.mtp_greedy", *forwarded, "--worker", backend],
+                env=env, stdout=blog, stderr=subprocess.STDOUT, check=False,
+            )  # fmt: skip
+        result_file = args.outdir / f"{backend}.json"
+        data = json.loads(result_file.read_text()) if result_file.exists() else {}
+        runs = data.get("runs", {})
+        report["runs"][backend] = runs
+        for k, err in data.get("errors", {}).items():
+            report["errors"][f"{backend} k={k}"] = err
+        if proc.returncode:
+            report["errors"][backend] = f"worker exit {proc.returncode}; see {backend}.log"
+        report.setdefault("wall_s_per_backend", {})[backend] = round(time.perf_counter() - t0, 1)
+        for k in args.k:
+            if k and "0" in runs and str(k) in runs:
+                check = compare(runs[str(k)], runs["0"], args.tie)
+                report["checks"].append({"backend": backend, "k": k} | check)
+    report["passed"] = (
+        bool(report["checks"])
+        and all(c["passed"] for c in report["checks"])
+        and not report["errors"]
+    )
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    (args.outdir / "mtp.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = []
+    for backend, runs in report["runs"].items():
+        for k, r in sorted(runs.items()):
+            spec = r.get("spec", {})
+            lines.append(
+                f"{backend} k={k}: generate {r['generate_s']}s, steps {spec.get('steps')}, "
+                f"s/step {r.get('s_per_step')}, acceptance {spec.get('acceptance_rate')} "
+                f"(per position {spec.get('per_position')})"
+            )
+    for c in report["checks"]:
+        verdict = "PASS" if c["passed"] else "FAIL"
+        lines.append(f"{verdict} {c['backend']} k={c['k']} == k=0: "
+                     f"{c['equal_prompts']}/{c['prompts']} prompts equal")  # fmt: skip
+    lines += [f"error {n}: {e}" for n, e in report["errors"].items()]
+    lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['wall_s']}s")
+    (args.outdir / "mtp.log").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
