@@ -43,6 +43,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from support import cli
+
+from e2e.plugin_proof import shutdown_engine
+
+EXAMPLES = (
+    "example: PYTHONPATH=/tmp/site:tests python3 -m e2e.mtp_greedy /tmp/mtp "
+    "--gguf /tmp/e2e/tiny-glm5-Q8_0.gguf --hf-dir /tmp/e2e/ckpt --k 0 1 2 3"
+)
 SEED = 0
 NUM_PROMPTS = 4
 PROMPT_LEN = 200  # > index_topk 128 of the tiny model
@@ -189,9 +197,7 @@ def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[st
               flush=True)  # fmt: skip
         return result
     finally:  # free the GPU for the next engine even when this one failed
-        engine_core = getattr(llm.llm_engine, "engine_core", None)
-        if engine_core is not None and hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+        shutdown_engine(llm)
         del llm
         cleanup_dist_env_and_memory()
 
@@ -233,12 +239,7 @@ def compare(run: dict[str, Any], ref: dict[str, Any], tie: float) -> dict[str, A
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog="example: PYTHONPATH=/tmp/site:tests python3 -m e2e.mtp_greedy /tmp/mtp "
-        "--gguf /tmp/e2e/tiny-glm5-Q8_0.gguf --hf-dir /tmp/e2e/ckpt --k 0 1 2 3",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python3 -m e2e.mtp_greedy")
     p.add_argument("outdir", type=Path)
     p.add_argument("--gguf", type=Path, required=True, help="the merged tiny GGUF (with nextn)")
     p.add_argument("--hf-dir", type=Path, required=True, help="its checkpoint folder")

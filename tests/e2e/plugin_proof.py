@@ -52,7 +52,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from support import tiny_glm5
+from support import cli, tiny_glm5
 
 REPO = Path(__file__).resolve().parents[2]
 # name -> support.tiny_glm5.config() options; no MTP layer (the proof serves the trunk only).
@@ -63,6 +63,9 @@ MODELS: dict[str, dict[str, Any]] = {
 }
 PATCH = REPO / "patches/vllm-0.23.0/0010-deep-gemm-oot-mqa-logits.patch"
 
+EXAMPLES = (
+    "example: PYTHONPATH=/tmp/site:tests python3 -m e2e.plugin_proof /tmp/proof --site /tmp/site"
+)
 SEED = 0
 NUM_PROMPTS, PROMPT_LEN, NEW_TOKENS, TOP_LOGPROBS = 4, 300, 24, 5
 TPUT_PROMPTS, TPUT_PROMPT_LEN, TPUT_NEW_TOKENS = 32, 100, 128  # prompt <= index_topk (128)
@@ -148,6 +151,13 @@ REPORTS = [
 
 # ----------------------------------------------------------------------------------------------
 # Worker side: runs inside the process that imports vLLM.
+
+
+def shutdown_engine(llm: Any) -> None:
+    """End LLM's engine-core process now, so the next engine in this process gets the GPU."""
+    engine_core = getattr(llm.llm_engine, "engine_core", None)
+    if engine_core is not None and hasattr(engine_core, "shutdown"):
+        engine_core.shutdown()
 
 
 def _reinit_weights(model: Any) -> dict[str, Any]:
@@ -290,9 +300,7 @@ def _run_one(spec: tuple, indexer: str, models: Path, log: Any) -> dict[str, Any
             }
             print(f"[{name}] throughput {result['throughput']}", file=log, flush=True)
     finally:  # free the GPU for the next run even when this one failed
-        engine_core = getattr(llm.llm_engine, "engine_core", None)
-        if engine_core is not None and hasattr(engine_core, "shutdown"):
-            engine_core.shutdown()
+        shutdown_engine(llm)
         del llm
         cleanup_dist_env_and_memory()
     return result
@@ -432,12 +440,7 @@ def _apply_hunks(patch: str, target: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
-        epilog="example: PYTHONPATH=/tmp/site:tests python3 -m e2e.plugin_proof /tmp/proof "
-        "--site /tmp/site",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    p = cli.parser(__doc__, EXAMPLES, prog="python3 -m e2e.plugin_proof")
     p.add_argument("outdir", type=Path, help="directory for proof.json, proof.log, <group>.log")
     p.add_argument("--site", type=Path, help="install plugin + patch 0010 into this vLLM dir")
     p.add_argument("--group", choices=sorted(GROUPS), action="append",

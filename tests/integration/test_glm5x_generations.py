@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -32,17 +30,7 @@ INDEXER_TENSORS = ("indexer.k_norm.weight", "indexer.k_norm.bias", "indexer.proj
 
 
 def child(gguf_path: Path, hf: Path, other: Path, out: Path, *extra: Path, site: Path) -> dict:
-    env = patched_vllm.child_env(site, log_level="INFO")
-    res = subprocess.run(
-        [sys.executable, str(CHILD), str(gguf_path), str(hf), str(other), str(out),
-         *map(str, extra)],
-        env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
-    data = json.loads(out.read_text())
-    assert "crash" not in data, data["crash"]
-    assert data["vllm_file"] == str(site / "vllm" / "__init__.py")
-    return data
+    return patched_vllm.run_child(CHILD, gguf_path, hf, other, out, *extra, out=out, site=site)
 
 
 @pytest.fixture(scope="module")

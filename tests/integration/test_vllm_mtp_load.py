@@ -12,10 +12,6 @@ DeepSeekMTP in a child process (tests/support/vllm_mtp_load.py). No forward pass
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import gguf
@@ -44,16 +40,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert conv.returncode == 0, conv.stderr[-4000:]
     site = patched_vllm.patched_site(tmp / "site")
     out = tmp / "mtp.json"
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env |= {"VLLM_LOGGING_LEVEL": "INFO", "CUDA_VISIBLE_DEVICES": "", "PYTHONPATH": str(site)}
-    res = subprocess.run(
-        [sys.executable, str(CHILD), str(ggufs["mtp"]), str(hf), str(ggufs["none"]), str(out)],
-        env=env, capture_output=True, text=True, timeout=400,
-    )  # fmt: skip
-    assert res.returncode == 0, res.stderr[-4000:]
-    data = json.loads(out.read_text())
-    assert "crash" not in data, data["crash"]
-    assert data["vllm_file"] == str(site / "vllm" / "__init__.py")
+    data = patched_vllm.run_child(CHILD, ggufs["mtp"], hf, ggufs["none"], out, out=out, site=site)
     return data | {"hf": hf, "gguf": ggufs}
 
 

@@ -9,8 +9,11 @@ imports the patched vllm/.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import patchset
@@ -27,6 +30,21 @@ def child_env(*path: Path | None, log_level: str = "WARNING") -> dict[str, str]:
     if entries:
         env["PYTHONPATH"] = os.pathsep.join(entries)
     return env
+
+
+def run_child(child: Path, *args: Path, out: Path, site: Path, timeout: float = 400) -> dict:
+    """Run the CPU-only vLLM child script CHILD ARGS... (OUT among them) against the patched
+    SITE; its JSON report at OUT, after checking that it ran, did not crash and imported SITE's
+    vllm."""
+    res = subprocess.run(
+        [sys.executable, str(child), *map(str, args)],
+        env=child_env(site, log_level="INFO"), capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-4000:]
+    data = json.loads(out.read_text())
+    assert "crash" not in data, data["crash"]
+    assert data["vllm_file"] == str(site / "vllm" / "__init__.py")
+    return data
 
 
 def installed_vllm() -> Path:

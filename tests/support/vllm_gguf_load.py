@@ -68,13 +68,30 @@ def model_config(gguf_path: str, hf_dir: str, dtype: str = "float16"):
 
 
 @contextmanager
+def cpu_engine(vc) -> Iterator[tuple]:
+    """Inside vLLM_CONFIG's current-config context, a one-rank gloo process group (no GPU) and
+    vLLM's GGUF loader; yields (loader, records), records catching vLLM's log lines."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
+
+    records = Records()
+    logging.getLogger("vllm").addHandler(records)
+    with set_current_vllm_config(vc):
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo",
+            distributed_init_method="tcp://127.0.0.1:0",
+        )  # fmt: skip
+        initialize_model_parallel(1, 1)
+        yield GGUFModelLoader(vc.load_config), records
+
+
+@contextmanager
 def loaded_on_cpu(mc) -> Iterator[tuple]:
     """vLLM's real GGUF loader builds and fills the model on the CPU platform (call
     simulate_cpu_platform() first). Yields (model, vllm_config, loader, records) inside the
     current-config context, where the model's own methods may be called."""
-    from vllm.config import DeviceConfig, LoadConfig, VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
+    from vllm.config import DeviceConfig, LoadConfig, VllmConfig
     from vllm.model_executor.model_loader.weight_utils import get_quant_config
 
     load_config = LoadConfig(load_format="gguf")
@@ -84,15 +101,7 @@ def loaded_on_cpu(mc) -> Iterator[tuple]:
         load_config=load_config,
         quant_config=get_quant_config(mc, load_config),
     )
-    records = Records()
-    logging.getLogger("vllm").addHandler(records)
-    with set_current_vllm_config(vc):
-        init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
-            distributed_init_method="tcp://127.0.0.1:0",
-        )  # fmt: skip
-        initialize_model_parallel(1, 1)
-        loader = GGUFModelLoader(load_config)
+    with cpu_engine(vc) as (loader, records):
         yield loader.load_model(vc, mc), vc, loader, records
 
 

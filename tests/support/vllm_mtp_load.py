@@ -18,7 +18,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from vllm_gguf_load import Records, error_of, model_config, simulate_cpu_platform, write_report
+from vllm_gguf_load import (
+    cpu_engine,
+    error_of,
+    model_config,
+    simulate_cpu_platform,
+    write_report,
+)
 
 
 def draft_setup(gguf_path: str, hf_dir: str):
@@ -133,13 +139,9 @@ def fused_qkv_a_forward(model, hf: dict, n_layers: int) -> dict:
 
 
 def run(gguf_path: str, hf_dir: str, no_mtp_gguf: str, out: dict) -> None:
-    import logging
 
     import torch
     from safetensors import safe_open
-    from vllm.config import set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-    from vllm.model_executor.model_loader.gguf_loader import GGUFModelLoader
     from vllm.model_executor.models.deepseek_mtp import DeepSeekMTP
 
     simulate_cpu_platform()
@@ -155,15 +157,7 @@ def run(gguf_path: str, hf_dir: str, no_mtp_gguf: str, out: dict) -> None:
         "dtype": str(draft.dtype),
         "quantization": draft.quantization,
     }
-    records = Records()
-    logging.getLogger("vllm").addHandler(records)
-    with set_current_vllm_config(vc):
-        init_distributed_environment(
-            world_size=1, rank=0, local_rank=0, backend="gloo",
-            distributed_init_method="tcp://127.0.0.1:0",
-        )  # fmt: skip
-        initialize_model_parallel(1, 1)
-        loader = GGUFModelLoader(vc.load_config)
+    with cpu_engine(vc) as (loader, records):
         gmap = loader._get_gguf_weights_map(draft)
         out["map"] = dict(gmap)
         # What DeepSeekMTP.load_weights reports as loaded (the loader's check consumes it).
