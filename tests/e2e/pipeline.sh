@@ -44,7 +44,7 @@
 #   (a command replacing the pip install of ./backend), GENERATION (5|5.1|5.2: tiny_glm5.py
 #   --generation), LAYERS (trunk layers; 7 for 5.2, so layers 3-5 are shared), TOPK_DUMP (N: the
 #   server saves each layer's top-k rows of an N-token forward, VLLM_SPARSE_MLA_DUMP_TOPK),
-#   CHAT_TEMPLATE (glm47 or a .jinja path: tests/support/glm_chat.py adds GLM's tool/think tokens
+#   CHAT_TEMPLATE (glm47 or a .jinja path: tests/support/glm5_chat.py adds GLM's tool/think tokens
 #   and the template to the HF dir before serving), REFERENCE_SPREAD (a capture.json of the same
 #   prompts from another vLLM backend, the spread measured in the run; default: the plugin
 #   proof's committed fp16-vs-bf16 figure).
@@ -219,7 +219,7 @@ print(min(4096, json.load(open(sys.argv[1])).get("max_position_embeddings", 4096
     cmd=(env "VLLM_SPARSE_MLA_DUMP_TOPK=$WORK/topk:$TOPK_DUMP" "${cmd[@]}")
   fi
   if [ -n "$CHAT_TEMPLATE" ]; then   # GLM's tool/think tokens + template, in the HF dir only
-    xl serve.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.glm_chat --hf-dir "$CKPT" \
+    xl serve.log env PYTHONPATH="tests:$PYTHONPATH" "$PY" -m support.glm5_chat "$CKPT" \
       --template "$CHAT_TEMPLATE" || return 1
   fi
   { printf '+ setsid'; printf ' %q' "${cmd[@]}"; printf ' > %s 2>&1 &\n' "$LOGS/server.log"; } | redact

@@ -1,4 +1,4 @@
-"""tests/support/glm_chat.py on the tiny checkpoint: vLLM 0.23.0's real GLM parsers accept it.
+"""support.glm5_chat on the tiny checkpoint: vLLM 0.23.0's real GLM parsers accept it.
 
 The H200 `tools` step serves this HF folder with --tool-call-parser glm47 --reasoning-parser
 glm45; here (CPU, no engine) vLLM's own tokenizer loader reads it, both parsers build on it (the
@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from support import glm_chat, tiny_glm5
+from support import glm5_chat, tiny_glm5
 
 pytestmark = pytest.mark.runtime
 TESTS = Path(__file__).resolve().parents[1]
@@ -45,9 +45,9 @@ print(json.dumps({"len": len(tok), "tool_start_id": tp.tool_call_start_token_id,
 
 def test_vllm_parsers_accept_the_tiny_glm_folder(tmp_path: Path) -> None:
     hf = tiny_glm5.write_model_dir(tmp_path / "hf", tiny_glm5.config(3, 0, bos=False))
-    ids = glm_chat.apply(hf)
-    assert list(ids) == glm_chat.TOKENS and len(set(ids.values())) == len(glm_chat.TOKENS)
-    assert glm_chat.apply(hf) == ids  # idempotent
+    ids = glm5_chat.add_chat_tokens(hf)
+    assert tuple(ids) == glm5_chat.CHAT_TOKENS and len(set(ids.values())) == len(ids)
+    assert glm5_chat.add_chat_tokens(hf) == ids  # idempotent
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env |= {"CUDA_VISIBLE_DEVICES": "", "VLLM_LOGGING_LEVEL": "WARNING"}
     res = subprocess.run([sys.executable, "-c", CHILD, str(hf)], env=env, capture_output=True,
@@ -67,4 +67,4 @@ def test_token_ids_past_vocab_size_refused(tmp_path: Path) -> None:
     cfg = tiny_glm5.config(3, 0) | {"vocab_size": 400}
     hf = tiny_glm5.write_model_dir(tmp_path / "hf", cfg)
     with pytest.raises(ValueError, match=r"token ids up to \d+ exceed vocab_size 400"):
-        glm_chat.apply(hf)
+        glm5_chat.add_chat_tokens(hf)

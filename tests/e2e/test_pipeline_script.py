@@ -251,7 +251,7 @@ def test_dry_run_of_the_glm52_and_tools_steps(tmp_path: Path) -> None:
     assert f"--out {work}/ckpt --seed 0 --serve --generation 5.2 --layers 7" in r.stdout
     serve = next(line for line in r.stdout.splitlines() if line.startswith("+ setsid"))
     assert serve.startswith(f"+ setsid env VLLM_SPARSE_MLA_DUMP_TOPK={work}/topk:301 python3 -m")
-    assert f"-m support.glm_chat --hf-dir {work}/ckpt --template {REPO}/tests/support/" in r.stdout
+    assert f"-m support.glm5_chat {work}/ckpt --template {REPO}/tests/support/" in r.stdout
     assert f"--dump-dir {work}/topk --tokens 301 --json {tmp_path}/out/index_share.json" in r.stdout
     assert f"-m e2e.tool_check --base-url http://127.0.0.1:8000 --api-key-file {work}/api_key" in (
         r.stdout

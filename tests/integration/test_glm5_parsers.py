@@ -269,7 +269,8 @@ def test_support_cli_adds_tokens_once(tmp_path: Path) -> None:
     assert data["model"]["vocab"] == before  # existing ids unchanged
     added = [t["content"] for t in data["added_tokens"] if t["content"] in glm5_chat.CHAT_TOKENS]
     assert added == list(glm5_chat.CHAT_TOKENS)
-    assert (tmp_path / "chat_template.jinja").read_text() == glm5_chat.chat_template()
+    tok_cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert tok_cfg["chat_template"] == glm5_chat.chat_template()
     assert glm5_chat.main([str(tmp_path / "missing")]) == 1
 
 

@@ -1,16 +1,21 @@
-"""GLM-5's chat format for parser tests: its tool/think tokens and a real GLM-4.7-family template.
+"""GLM-5's chat format for the tiny models: its tool/think tokens and a GLM-4.7-family template.
 
 GLM-5 (and 5.1, 5.2) use GLM-4.7's chat template: tools are declared in a system block, a call
 is `<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...</tool_call>` with no newline
 after the name, and the generation prompt ends in `<think>` (thinking on) or `</think>` (off),
-so a completion starts inside the reasoning block and closes it with `</think>`. The template
-used here is llama.cpp's models/templates/GLM-4.7-Flash.jinja from the pinned llama.cpp source
-(support.llama_cpp), not a copy written for the tests.
+so a completion starts inside the reasoning block and closes it with `</think>`.
 
-`add_chat_tokens(dir)` gives a tiny model folder (support.tiny_glm5) GLM's tool and think tokens
-and that template (chat_template.jinja, which transformers and vLLM read), so vLLM's glm47 tool
-parser and glm45 reasoning parser can be built on it: the reasoning parser refuses a tokenizer
-without `<think>`/`</think>`. Existing token ids do not change: the tokens are appended.
+The template is `templates/glm47.jinja`: llama.cpp's models/templates/GLM-4.7-Flash.jinja from
+the pinned llama.cpp source (support.llama_cpp) with one comment line on top, committed because
+the GPU machine has no llama.cpp tree; tests/consistency/test_chat_template.py holds it equal
+to llama.cpp's.
+
+`add_chat_tokens(dir)` gives a tiny model folder (support.tiny_glm5) GLM's tool and think tokens,
+as special tokens after the trained ids (GLM's published tokenizers list them among their
+special tokens), and that template in tokenizer_config.json, so vLLM's glm47 tool parser and
+glm45 reasoning parser can be built on it (the reasoning parser refuses a vocabulary without
+`<think>`/`</think>`). Existing token ids do not change. Run it on the HF folder vLLM reads the
+tokenizer from (`--tokenizer`), after conversion: the GGUF keeps the plain tokenizer.
 
     PYTHONPATH=tests python -m support.glm5_chat /tmp/e2e/ckpt   # after support.tiny_glm5
 """
@@ -27,6 +32,9 @@ from support import cli
 EXAMPLES = """examples:
   PYTHONPATH=tests python -m support.tiny_glm5 --out /tmp/tiny --serve
   PYTHONPATH=tests python -m support.glm5_chat /tmp/tiny
+  PYTHONPATH=tests python -m support.glm5_chat /tmp/tiny --template my.jinja
+
+exit codes: 0 tokens and template added (or already there), 1 bad folder or ids past vocab_size
 """
 
 # GLM's single-token markers for reasoning and tool calls (GLM-4.5 to GLM-5 share them).
@@ -42,33 +50,38 @@ CHAT_TOKENS = (
     "<tool_response>",
     "</tool_response>",
 )
-TEMPLATE_NAME = "GLM-4.7-Flash.jinja"
+TEMPLATE = Path(__file__).with_name("templates") / "glm47.jinja"
+LLAMA_CPP_TEMPLATE = "models/templates/GLM-4.7-Flash.jinja"  # what TEMPLATE is a copy of
 
 
-def chat_template() -> str:
-    """The GLM-4.7-family chat template from llama.cpp's tree (fetched once, then cached)."""
-    from support import llama_cpp
-
-    return (llama_cpp.source_dir() / "models" / "templates" / TEMPLATE_NAME).read_text()
+def chat_template(template: Path = TEMPLATE) -> str:
+    return template.read_text()
 
 
-def add_chat_tokens(model_dir: Path, template: str | None = None) -> Path:
-    """Append CHAT_TOKENS to model_dir's tokenizer.json and write chat_template.jinja.
+def add_chat_tokens(model_dir: Path, template: Path = TEMPLATE) -> dict[str, int]:
+    """Add CHAT_TOKENS to model_dir's tokenizer.json and put the template into its
+    tokenizer_config.json; returns {token: id}. Idempotent: tokens already present keep their ids.
 
-    Added, not special, tokens: decoded text keeps them whatever skip_special_tokens says, and
-    the parsers look for them in the text. Idempotent: tokens already present are kept as they are.
+    Raises ValueError when an id would reach the config.json's vocab_size (the embedding has no
+    row for it), FileNotFoundError without tokenizer.json.
     """
     from tokenizers import AddedToken, Tokenizer
 
     path = model_dir / "tokenizer.json"
     tok = Tokenizer.from_file(str(path))
-    vocab = tok.get_vocab(with_added_tokens=True)
-    missing = [t for t in CHAT_TOKENS if t not in vocab]
-    if missing:
-        tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in missing])
-        tok.save(str(path))
-    (model_dir / "chat_template.jinja").write_text(template or chat_template())
-    return model_dir
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
+    ids = {t: tok.token_to_id(t) for t in CHAT_TOKENS}
+    config = model_dir / "config.json"
+    if config.is_file():
+        vocab_size = json.loads(config.read_text())["vocab_size"]
+        if max(ids.values()) >= vocab_size:
+            raise ValueError(f"token ids up to {max(ids.values())} exceed vocab_size {vocab_size}")
+    tok.save(str(path))
+    cfg_path = model_dir / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text()) if cfg_path.is_file() else {}
+    cfg["chat_template"] = chat_template(template)
+    cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+    return ids
 
 
 def render(tokenizer: Any, messages: list[dict], tools: list[dict] | None, **kwargs: Any) -> str:
@@ -97,12 +110,17 @@ def completion_of(tokenizer: Any, messages: list[dict], tools: list[dict] | None
 def main(argv: list[str] | None = None) -> int:
     p = cli.parser(__doc__, EXAMPLES, prog="python -m support.glm5_chat")
     p.add_argument("model_dir", type=Path, help="a folder with tokenizer.json (support.tiny_glm5)")
+    p.add_argument("--template", type=Path, default=TEMPLATE, help="default: %(default)s")
     args = p.parse_args(argv)
     if not (args.model_dir / "tokenizer.json").is_file():
         print(f"error: {args.model_dir}: no tokenizer.json", file=sys.stderr)
         return 1
-    add_chat_tokens(args.model_dir)
-    print(json.dumps({"model_dir": str(args.model_dir), "tokens": list(CHAT_TOKENS)}))
+    try:
+        ids = add_chat_tokens(args.model_dir, args.template)
+    except (OSError, ValueError, KeyError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps({"model_dir": str(args.model_dir), "tokens": ids}))
     return 0
 
 
