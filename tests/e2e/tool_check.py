@@ -2,7 +2,7 @@
 
 The pipeline's `tools` step runs it on the GPU machine against a server started with
 SERVE_EXTRA="--enable-auto-tool-choice --tool-call-parser glm47 --reasoning-parser glm45" and the
-GLM-4.7-style chat template (CHAT_TEMPLATE, tests/support/glm_chat.py):
+GLM-4.7-style chat template (CHAT_TEMPLATE, tests/support/glm5_chat.py):
 
     PYTHONPATH=tests:scripts python3 -m e2e.tool_check --base-url http://127.0.0.1:8000 \\
         --api-key-file /tmp/e2e/api_key --model glm5-tiny --server-log /tmp/e2e/logs/server.log \\
