@@ -97,3 +97,21 @@ def test_topk_auto_rule():
     assert topk_impl(TOPK_TRITON_MAX_N) == "triton"
     assert topk_impl(TOPK_TRITON_MAX_N + 1) == "torch"
     assert topk_impl(4096, torch.float16) == "torch"
+
+
+@pytest.mark.parametrize("heads", [32, 64])
+@pytest.mark.parametrize("tokens", [1, 32, 128, 4096])
+def test_plans_for_32_and_64_heads_per_device(heads, tokens):
+    """sm_120 (101376 B) runs 32/64 heads as 16-head blocks of the pipelined 32-row tile (2.2x the
+    32-head 16-row tile on the H200, RESULTS.md run 7); the H200 keeps its one-tile-per-token
+    plans."""
+    from vllm_sparse_mla.kernels._capability import DeviceInfo
+    from vllm_sparse_mla.kernels.sparse_mla import plan
+
+    p = plan(tokens, heads, 2048, 188)  # RTX PRO 6000: 188 SMs, sm_120's shared memory
+    cfg = p.cfg
+    assert (cfg.block_h, cfg.block_n, cfg.num_warps, cfg.num_stages) == (16, 32, 4, 3)
+    assert p.head_blocks == heads // 16
+    assert cfg.shared_bytes() <= 101376
+    h200 = plan(tokens, heads, 2048, DeviceInfo((9, 0), 132, 232448))
+    assert h200.cfg.block_h == heads and h200.head_blocks == 1

@@ -25,9 +25,12 @@ from support.kernel_inputs import (
 F16, BF16 = torch.float16, torch.bfloat16
 
 # Explicit plans (config, head blocks, splits) for the non-default paths: non-dividing splits,
-# the 3-deep 16-row ring of sm_120's 32/64-head plan, one 64-head tile (H200).
+# sm_120's 32/64-head plans (16-head blocks of the 32-row ring; the 3-deep 16-row ring of 32-head
+# blocks after it), one 64-head tile (H200).
 PLANS = {
     "bn32_s3": ((16, 32, 4, 3), 1, 3),
+    "bh16x4_bn32_s2": ((16, 32, 4, 3), 4, 2),
+    "bh16x3_bn32_s1": ((16, 32, 4, 3), 3, 1),
     "bn16_s1": ((16, 16, 4, 3), 1, 1),
     "bh32_bn16_ns4_s2": ((32, 16, 8, 4), 2, 2),
     "bh64_bn32_s1": ((64, 32, 8, 3), 1, 1),
@@ -60,6 +63,8 @@ ATTN_CASES: dict[str, tuple[int, int, int, torch.dtype, dict]] = {
     "t4_h16_k96_bf16_1pass_bn16": (4, 16, 96, BF16, {"pad": 0.2, "plan": "bn16_s1"}),
     "t2_h40_k64_fp16_bh32_ns4": (2, 40, 64, F16, {"pad": 0.2, "plan": "bh32_bn16_ns4_s2"}),
     "t2_h64_k64_fp16_bh64": (2, 64, 64, F16, {"tail": 10, "plan": "bh64_bn32_s1"}),
+    "t2_h64_k96_fp16_bh16x4_split": (2, 64, 96, F16, {"pad": 0.2, "plan": "bh16x4_bn32_s2"}),
+    "t3_h40_k64_bf16_bh16x3": (3, 40, 64, BF16, {"repeat": True, "plan": "bh16x3_bn32_s1"}),
     # cache layouts: 16-token blocks; blocks not back to back (strided view of a bigger buffer)
     "t3_h8_k64_fp16_block16": (3, 8, 64, F16, {"num_blocks": 16, "block_size": 16, "pad": 0.1}),
     "t2_h16_k64_bf16_strided_cache": (2, 16, 64, BF16, {"block_pad": 5, "tail": 7}),

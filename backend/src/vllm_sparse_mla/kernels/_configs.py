@@ -61,12 +61,16 @@ _H64 = AttnConfig(block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_pe
 ATTN_CONFIGS: dict[tuple[int | None, int, str], tuple[AttnConfig, ...]] = {
     (None, 16, "decode"): (_H16, _H16_SMALL),
     (None, 16, "prefill"): (_H16_WIDE, _H16, _H16_SMALL),
-    (None, 32, "decode"): (_H32, _H32_SMALL),
-    (None, 32, "prefill"): (_H32_WIDE, _H32_SMALL),
-    # 64 heads: one 64-head tile reads each row once where it fits (H200: 232448 B); on sm_120
-    # two 32-head blocks, the second reading its rows mostly from L2.
-    (None, 64, "decode"): (_H64_WIDE, _H64, _H32_SMALL),
-    (None, 64, "prefill"): (_H64_WIDE, _H64, _H32_SMALL),
+    # 32 and 64 heads: one tile over all heads reads each row once where it fits (H200:
+    # 232448 B). Where it does not (sm_120: 101376 B), 16-head blocks of the pipelined 32-row
+    # tile, each re-reading the rows mostly from L2: at 64 heads on the H200 (RESULTS.md run 7)
+    # 4 x BH16 BN32 w4 ns3 took 329 us at decode 128 and 9418 at prefill 4096 against 731 and
+    # 21693 for BH32 BN16 w8 ns4, the 32-head tile that fits. 32 heads take the same order by
+    # the same mechanism (half the warps re-reading q per row tile), not measured at 32 heads.
+    (None, 32, "decode"): (_H32, _H16, _H32_SMALL),
+    (None, 32, "prefill"): (_H32_WIDE, _H16, _H32_SMALL),
+    (None, 64, "decode"): (_H64_WIDE, _H64, _H16, _H32_SMALL),
+    (None, 64, "prefill"): (_H64_WIDE, _H64, _H16, _H32_SMALL),
 }
 
 # Fallback when nothing listed fits (a device with very little shared memory).
