@@ -13,6 +13,9 @@ runs those against the stand-in repository):
   the same shards, and its tensors are the shards' data;
 - vllm_smoke runs the real smoke client (openai) in that venv over loopback against the
   `vllm serve` stand-in (no GPU) that systemd runs: its JSON report, every check passed;
+- MTP turned on (`vllm_service_speculative_tokens: 1`, VARS=) over that merged file, which has
+  no nextn layer, is refused by scripts/gguf_nextn.py with its one line, in a real run and in
+  `--check`, before the unit changes;
 - a second converge changes nothing, and neither does `--check --diff`.
 
 Then the controller on Python 3.12: `make setup` in a copy of this repository inside the same
@@ -122,8 +125,10 @@ def write_model_inputs(node: Node, work: Path) -> tuple[list[Path], list, Path]:
     return shards, tensors, reference
 
 
-def deploy(inventory: Path, *, check: bool = False) -> Result:
+def deploy(inventory: Path, *, check: bool = False, vars_file: Path | None = None) -> Result:
     extra = {"CHECK": "1"} if check else {}
+    if vars_file is not None:
+        extra["VARS"] = str(vars_file)
     return make(
         "deploy", HOST=HOST, INVENTORY=str(inventory), ANSIBLE_ARGS=f"--skip-tags {SKIP_TAGS}",
         **extra,
@@ -236,6 +241,52 @@ def test_smoke_role_runs_the_real_client_against_vllm_serve_standin(deployed) ->
     assert "stand-in reply" in report["checks"]["chat_stream"]["detail"]
     key = (node.root / "etc/glm5/api-key.env").read_text().strip().split("=", 1)[1]
     assert key not in path.read_text() and key not in result.output
+
+
+def write_trunk_only_gguf(path: Path) -> None:
+    """A glm-dsa GGUF header without the nextn layer, as a re-packed file may come."""
+    import gguf
+    import numpy as np
+
+    w = gguf.GGUFWriter(path, "glm-dsa")
+    w.add_block_count(3)
+    w.add_tensor("blk.2.attn_norm.weight", np.ones(16, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_mtp_is_checked_against_the_ggufs_nextn_layer_before_the_unit_changes(
+    deployed, tmp_path: Path
+) -> None:
+    node, inventory = deployed["node"], deployed["inventory"]
+    unit = node.root / f"etc/systemd/system/{UNIT}"
+    before = unit.read_bytes()
+    pid = node.run("systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip()
+    task = "TASK [vllm_service : Service | Refuse MTP speculative decoding without the GGUF's nextn"
+    # The merged fixture has its nextn block: --check passes the header read and shows the
+    # flag the unit would get.
+    on = tmp_path / "mtp.yml"
+    on.write_text("vllm_service_speculative_tokens: 1\n")
+    res = deploy(inventory, check=True, vars_file=on)
+    assert res.rc == 0, res.output[-4000:]
+    added = '+    --speculative-config \'{"method": "mtp", "num_speculative_tokens": 1, '
+    assert task in res.output and added in res.output, res.output[-4000:]
+    # A file without it: refused with gguf_nextn's line, in a real run and in --check alike.
+    trunk_only = "/srv/glm5/trunk-only.gguf"
+    write_trunk_only_gguf(node.root / trunk_only.lstrip("/"))
+    off = tmp_path / "mtp-trunk-only.yml"
+    off.write_text(f"vllm_service_speculative_tokens: 1\nvllm_service_model_path: {trunk_only}\n")
+    line = f"error: {trunk_only} has no complete MTP/nextn layer (glm-dsa.nextn_predict_layers=0"
+    for check in (False, True):
+        res = deploy(inventory, check=check, vars_file=off)
+        assert res.rc != 0, res.output[-4000:]
+        assert task in res.output and line in res.output, res.output[-4000:]
+        assert res.recap(HOST)["failed"] == 1, res.output[-4000:]
+    (node.root / trunk_only.lstrip("/")).unlink()
+    assert unit.read_bytes() == before and b"--speculative-config" not in before
+    assert node.run("systemctl", "show", "-p", "MainPID", "--value", UNIT).stdout.strip() == pid
 
 
 def test_second_converge_and_check_diff_change_nothing(deployed) -> None:
