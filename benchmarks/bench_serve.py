@@ -98,6 +98,9 @@ MTP_CAVEATS = [
     "the 78-layer target is estimate_78's (an extrapolation); verify_78 = target_78 + "
     "(verify - target, measured) x 75 / the view's MoE layers (all of the extra on MoE layers: "
     "pessimistic); the draft is measured, not extrapolated",
+    "vLLM 0.23.0 gives the draft piecewise CUDA graphs only (none under this benchmark's "
+    "no-compile FULL_DECODE_ONLY; see 'drafter'), so an eager draft's event time includes "
+    "launch gaps (compare its host time); its profiled kernel time is the graphed lower bound",
 ]
 
 
