@@ -16,6 +16,22 @@ for each case (view x mix x backend), in priority order and within --deadline:
          (attention, indexer logits, top-k, MoE GGUF, dense GGUF, lm_head, dense GEMM, other);
   3. a table is printed and everything is written as JSON (default benchmarks/results/).
 
+MTP cases (`view:mix:backend:mtpK`, K = 1..3; issue 17) measure one draft step against one
+target step: the GGUF is written with `--nextn 1` (its own file, `<view>-<mix>-nextn1`), and two
+children serve it at batch 1/8/32 x --mtp-context (4k), decode only: k = 0 (the target alone, its
+nextn block skipped; profiled for `estimate_78`) and k = K (`speculative_config={"method": "mtp",
+"num_speculative_tokens": K}`). CUDA events around vLLM's GPUModelRunner.execute_model (the target
+forward: 1 token per request at k = 0, 1 + K when verifying) and EagleProposer.propose (the whole
+draft: the MTP layer and head, K passes) time each decode step; a few calls of each are also
+profiled by kernel family. Reported: draft_us, verify_us vs target_us of the same file, draft /
+the 78-layer target estimate against issue 17's 2/78, and the K = 1 single-stream speed-up at the
+published acceptance 0.8 / 0.9, with its arithmetic (`mtp_estimate`). Caveats, also in the output:
+the tp8 view's lm_head is the full 154,880-row vocabulary on one GPU (a TP8 rank holds 1/8), so
+the draft's (and target's) head is overstated: the figures are also given with the head's
+measured share cut to 1/8; random routing sends 1 + K tokens to up to 8 (1 + K) distinct experts,
+so the verify step is pessimistic; acceptance with random weights means nothing, hence the
+published rates.
+
 Views: "full" (TP1, 64 heads, E routed experts, default 4 layers = 3 dense + 1 MoE) and "tp8"
 (one TP8 rank's shapes: 8 heads, expert intermediate 256; default 6 layers). Backends: CUSTOM
 (ours, fp16) and FLASHMLA_SPARSE (vLLM's, bf16; patch 0002's fp16-only rule is bypassed in the
@@ -27,6 +43,7 @@ Exit: 0 every case that ran passed, 1 a case failed or no case ran, 2 usage.
 examples:
   PYTHONPATH=/tmp/site python benchmarks/bench_serve.py --work /tmp/bench --deadline 480
   PYTHONPATH=/tmp/site python benchmarks/bench_serve.py --cases full:Q4_K_M:CUSTOM --quick
+  PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py --cases tp8:Q4_K_M:CUSTOM:mtp1
   python benchmarks/bench_serve.py --list-cases
   python benchmarks/bench_serve.py --report benchmarks/results/serve-h200-2026-12-04.json
 """
@@ -34,6 +51,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -42,6 +60,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 # the service's default (vllm_service_max_num_batched_tokens): 8192 x top-8 overflows the GGUF MoE
 # vec kernel's 65535-block grid z, the only kernel IQ experts have (benchmarks/gguf_moe_probe.py)
@@ -64,6 +83,72 @@ DEFAULT_CASES = [
 ]
 LAYERS = {"full": 4, "tp8": 6, "tiny": 3}  # tiny: CPU tests of this script only
 DTYPE = {"CUSTOM": "float16", "FLASHMLA_SPARSE": "bfloat16", "TRITON_MLA": "float16"}
+CASE_FORMAT = "view:mix:backend[:mtpK]"
+MTP_TARGET = 2 / 78  # issue 17: one draft step <= 2/78 of a target step (one layer + the head)
+ACCEPTANCE = (0.8, 0.9)  # published first-draft-token acceptance (DeepSeek's figures)
+TP8_RANKS = 8  # a TP8 rank's lm_head holds 1/8 of the vocabulary
+MTP_CAVEATS = [
+    "tp8 view: the lm_head is the full 154,880-row vocabulary on one GPU; a real TP8 rank's head "
+    "is vocab-split 8 ways, so the draft's (one layer + head) and target's head costs are "
+    "overstated: the 'tp8_head' rows cut the measured head share to 1/8",
+    "random routing: 1 + K tokens reach up to 8 (1 + K) distinct experts, so the verify step is "
+    "pessimistic against real weights (whose consecutive tokens share experts)",
+    "acceptance with random weights is meaningless: the speed-up uses published rates "
+    f"{ACCEPTANCE} for the first draft token (K = 1 only)",
+    "the 78-layer target is estimate_78's (an extrapolation); verify_78 = target_78 + "
+    "(verify - target, measured) x 75 / the view's MoE layers (all of the extra on MoE layers: "
+    "pessimistic); the draft is measured, not extrapolated",
+    "vLLM 0.23.0 gives the draft piecewise CUDA graphs only (none under this benchmark's "
+    "no-compile FULL_DECODE_ONLY; see 'drafter'), so an eager draft's event time includes "
+    "launch gaps (compare its host time); its profiled kernel time is the graphed lower bound",
+]
+
+
+class CaseError(ValueError):
+    """A bad --cases entry: printed as one `error: ...` line, exit 2."""
+
+
+class Case(NamedTuple):
+    """One --cases entry: view:mix:backend and the optional 4th field mtpK (k = 0 without it)."""
+
+    view: str
+    mix: str
+    backend: str
+    k: int = 0
+
+    @property
+    def nextn(self) -> int:
+        """1 when the case drafts: its GGUF carries the nextn block."""
+        return 1 if self.k else 0
+
+    @property
+    def file_key(self) -> str:
+        """The generated file's key (results["gen"]): a nextn file never shares a plain one's."""
+        return f"{self.view}:{self.mix}" + (":nextn1" if self.nextn else "")
+
+    def __str__(self) -> str:
+        return f"{self.view}:{self.mix}:{self.backend}" + (f":mtp{self.k}" if self.k else "")
+
+
+def parse_case(text: str) -> Case:
+    """`view:mix:backend[:mtpK]` -> Case; CaseError names the bad field."""
+    parts = text.split(":")
+    if len(parts) not in (3, 4):
+        raise CaseError(f"bad case {text!r}: {CASE_FORMAT}")
+    view, mix, backend = parts[:3]
+    if view not in LAYERS:
+        raise CaseError(f"bad case {text!r}: view {view!r} is not one of {sorted(LAYERS)}")
+    if backend not in DTYPE:
+        raise CaseError(f"bad case {text!r}: backend {backend!r} is not one of {sorted(DTYPE)}")
+    k = 0
+    if len(parts) == 4:
+        m = re.fullmatch(r"mtp([1-3])", parts[3])
+        if m is None:
+            raise CaseError(f"bad case {text!r}: 4th field {parts[3]!r} is not mtp1, mtp2 or "
+                            "mtp3 (MTP draft tokens K = 1..3)")  # fmt: skip
+        k = int(m[1])
+    return Case(view, mix, backend, k)
+
 
 # kernel name -> family, first match wins (names as the CUDA/Triton kernels are called)
 FAMILIES: list[tuple[str, re.Pattern[str]]] = [
@@ -98,23 +183,33 @@ def log(msg: str) -> None:
 # --- checkpoint generation (parent) ----------------------------------------------------------
 
 
-def gen_command(work: Path, view: str, mix: str, layers: int, experts: int) -> list[str]:
-    stem = work / f"{view}-{mix}"
+def gen_name(view: str, mix: str, nextn: int = 0) -> str:
+    """The folder (and merged file) name of one generated checkpoint."""
+    return f"{view}-{mix}" + ("-nextn1" if nextn else "")
+
+
+def gen_command(
+    work: Path, view: str, mix: str, layers: int, experts: int, nextn: int = 0
+) -> list[str]:
+    name = gen_name(view, mix, nextn)
+    stem = work / name
     return [
         sys.executable, "-c",
         "import sys, glm5_gguf_writer as w; sys.exit(w.main(sys.argv[1:]))",
         "--mix", mix, "--view", view, "--layers", str(layers), "--experts", str(experts),
-        "--out", str(stem / "shards" / f"GLM-5-{view}-{mix}.gguf"), "--split-max-tensors", "24",
+        *(["--nextn", "1"] if nextn else []),
+        "--out", str(stem / "shards" / f"GLM-5-{name}.gguf"), "--split-max-tensors", "24",
         "--hf-dir", str(stem / "hf"), "--force",
     ]  # fmt: skip
 
 
-def start_generation(work: Path, view: str, mix: str, layers: int, experts: int):
-    d = work / f"{view}-{mix}"
+def start_generation(work: Path, view: str, mix: str, layers: int, experts: int, nextn: int = 0):
+    d = work / gen_name(view, mix, nextn)
     done = d / "gen.json"
     if done.exists():  # a later call on the same (warm) machine reuses the merged file
         info = json.loads(done.read_text())
         same = info.get("layers") == layers and info.get("experts") == experts
+        same = same and info.get("nextn", 0) == nextn
         if same and Path(info.get("gguf", "")).exists():
             return {"info": info | {"reused": True}, "dir": d}
     shutil.rmtree(d, ignore_errors=True)
@@ -122,9 +217,9 @@ def start_generation(work: Path, view: str, mix: str, layers: int, experts: int)
     env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}:{os.environ.get('PYTHONPATH', '')}")
     log_f = open(d / "gen.log", "w")  # noqa: SIM115  (closed by finish_generation)
     t0 = time.time()
-    proc = subprocess.Popen(gen_command(work, view, mix, layers, experts), env=env,
+    proc = subprocess.Popen(gen_command(work, view, mix, layers, experts, nextn), env=env,
                             stdout=log_f, stderr=subprocess.STDOUT)  # fmt: skip
-    return {"proc": proc, "log": log_f, "t0": t0, "dir": d}
+    return {"proc": proc, "log": log_f, "t0": t0, "dir": d, "nextn": nextn}
 
 
 def finish_generation(job: dict) -> dict:
@@ -155,6 +250,13 @@ def finish_generation(job: dict) -> dict:
         info["error"] = "merge failed: " + (mg.stdout + mg.stderr)[-2000:]
         return info
     shutil.rmtree(d / "shards")
+    if job.get("nextn"):  # the service's own check (header only) before any GPU time goes to it
+        nx = subprocess.run([sys.executable, str(SCRIPTS / "gguf_nextn.py"), str(merged)],
+                            capture_output=True, text=True, env=env)  # fmt: skip
+        info["nextn_check"] = {"rc": nx.returncode, "out": (nx.stdout + nx.stderr).strip()}
+        if nx.returncode != 0:
+            info["error"] = "gguf_nextn.py refused the file: " + nx.stderr.strip()
+            return info
     info["gguf"] = str(merged)
     info["hf"] = str(d / "hf")
     info["gguf_bytes"] = merged.stat().st_size
@@ -185,17 +287,133 @@ def _by_family(kernels: dict[str, float], steps: int) -> dict[str, float]:
     return {k: round(v, 1) for k, v in sorted(fam.items())}
 
 
+class StepTimer:
+    """CUDA events around the target forward (GPUModelRunner.execute_model) and the MTP draft
+    (EagleProposer.propose, vLLM 0.23.0's proposer for method "mtp": the MTP layer over the
+    step's 1 + K tokens per request, the head, then K - 1 single-token passes), installed on
+    the classes in this process before the engine starts (the engine runs in-process). A
+    benchmark-only wrapper: it changes no argument and no result. Each call is kept with its
+    token count (execute_model: scheduled tokens; propose: target tokens), so decode steps are
+    told apart from prefill by count. `arm(kind, tokens, n)` runs the next n such calls under
+    the torch profiler (synchronised, so their event times are not used) for a kernel-family
+    breakdown of the draft alone and of the verify forward alone."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, object, object, float]] = []
+        self.armed: dict[str, tuple[int, int]] = {}
+        self.profiles: dict[str, dict] = {}
+        self.drafter: dict = {}
+
+    def install(self) -> None:
+        from vllm.v1.spec_decode.eagle import EagleProposer
+        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+        GPUModelRunner.execute_model = self._wrap("target", GPUModelRunner.execute_model,
+                                                  _scheduled_tokens)  # fmt: skip
+        EagleProposer.propose = self._wrap("draft", EagleProposer.propose, _target_tokens)
+
+    def _wrap(self, kind: str, fn, tokens_of):
+        timer = self
+
+        @functools.wraps(fn)
+        def timed(*args, **kwargs):
+            import torch
+
+            tokens = tokens_of(args, kwargs)
+            if kind == "draft" and not timer.drafter:
+                disp = getattr(args[0], "cudagraph_dispatcher", None)
+                mode = str(getattr(disp, "cudagraph_mode", None))
+                timer.drafter = {"class": type(args[0]).__name__, "cudagraph_mode": mode}
+            want, left = timer.armed.get(kind, (-1, 0))
+            if left > 0 and tokens == want:
+                timer.armed[kind] = (want, left - 1)
+                return timer._profiled(kind, fn, args, kwargs)
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start.record()
+            out = fn(*args, **kwargs)
+            end.record()
+            timer.calls.append((kind, tokens, start, end, time.perf_counter() - t0))
+            return out
+
+        return timed
+
+    def _profiled(self, kind: str, fn, args, kwargs):
+        import torch
+
+        acts = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        torch.cuda.synchronize()
+        with torch.profiler.profile(activities=acts) as prof:
+            out = fn(*args, **kwargs)
+            torch.cuda.synchronize()
+        acc = self.profiles.setdefault(kind, {"calls": 0, "kernels": {}})
+        acc["calls"] += 1
+        for name, us in _kernel_table(prof).items():
+            acc["kernels"][name] = acc["kernels"].get(name, 0.0) + us
+        return out
+
+    def arm(self, kind: str, tokens: int, n: int) -> None:
+        self.armed[kind] = (tokens, n)
+
+    def reset(self) -> None:
+        self.calls = []
+
+    def summary(self, tokens: int) -> dict:
+        """Per kind, the calls with exactly `tokens` tokens (this run's decode steps): median
+        and mean GPU µs between the events, median host µs of the call."""
+        import torch
+
+        torch.cuda.synchronize()
+        out: dict = {}
+        for kind in ("target", "draft"):
+            gpu = sorted(s.elapsed_time(e) * 1e3 for k, t, s, e, _ in self.calls
+                         if k == kind and t == tokens)  # fmt: skip
+            cpu = sorted(c * 1e6 for k, t, _, _, c in self.calls if k == kind and t == tokens)
+            if gpu:
+                out[kind] = {"tokens": tokens, "calls": len(gpu),
+                             "median_us": round(gpu[len(gpu) // 2], 1),
+                             "mean_us": round(sum(gpu) / len(gpu), 1),
+                             "host_median_us": round(cpu[len(cpu) // 2], 1)}  # fmt: skip
+        return out
+
+    def profile_summary(self) -> dict:
+        out = {}
+        for kind, acc in self.profiles.items():
+            n = max(acc["calls"], 1)
+            top = sorted(acc["kernels"].items(), key=lambda kv: -kv[1])[:15]
+            out[kind] = {
+                "calls": acc["calls"],
+                "gpu_us_per_call": round(sum(acc["kernels"].values()) / n, 1),
+                "breakdown_us_per_call": _by_family(acc["kernels"], n),
+                "top_kernels_us_per_call": {k[:160]: round(v / n, 1) for k, v in top},
+            }
+        return out
+
+
+def _scheduled_tokens(args: tuple, kwargs: dict) -> int:
+    so = kwargs.get("scheduler_output", args[1] if len(args) > 1 else None)
+    return int(getattr(so, "total_num_scheduled_tokens", -1))
+
+
+def _target_tokens(args: tuple, kwargs: dict) -> int:
+    ids = kwargs.get("target_token_ids", args[1] if len(args) > 1 else None)
+    return int(ids.shape[0]) if ids is not None else -1
+
+
 class Engine:
     """vLLM's LLMEngine driven step by step in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0),
     so step times and the torch profiler see the model's own kernels."""
 
-    def __init__(self, llm, vocab: int) -> None:
+    def __init__(self, llm, vocab: int, timer: StepTimer | None = None, spec_k: int = 0) -> None:
         from vllm import SamplingParams
 
         self.engine = llm.llm_engine
         self.vocab = vocab
         self.uid = 0
         self.SamplingParams = SamplingParams
+        self.timer = timer
+        self.spec_k = spec_k  # tokens per request in a decode step: 1 + spec_k
 
     def prompts(self, n: int, length: int) -> list[list[int]]:
         import numpy as np
@@ -210,6 +428,8 @@ class Engine:
         params = self.SamplingParams(max_tokens=max_tokens, ignore_eos=True, temperature=0.0,
                                      detokenize=False)  # fmt: skip
         ids = []
+        if self.timer is not None:
+            self.timer.reset()
         t_add = time.perf_counter()
         for p in self.prompts(n, length):
             self.uid += 1
@@ -270,6 +490,10 @@ class Engine:
             "decode_s": round(decode_s, 4),
             "total_s": round(t_end - t_add, 3),
         }
+        if self.timer is not None:
+            res["timer"] = self.timer.summary(n * (1 + self.spec_k))
+            if plain:  # > 1 when drafts were accepted (random weights: ~1)
+                res["tokens_per_step"] = round(decode_tokens / n / len(plain), 3)
         if decode_tokens and decode_s > 0:
             res["decode_tok_s"] = round(decode_tokens / decode_s, 1)
             res["step_ms"] = round(decode_s / (decode_tokens / n) * 1e3, 3)
@@ -353,8 +577,10 @@ def run_case(args: argparse.Namespace) -> dict:
     out: dict = {"case": args.case, "vllm": vllm.__version__, "torch": torch.__version__,
                  "gpu": torch.cuda.get_device_name(0),
                  "capability": list(torch.cuda.get_device_capability(0))}  # fmt: skip
-    view, mix, backend = args.case.split(":")
+    backend = parse_case(args.case).backend
     dtype = DTYPE[backend]
+    spec_k = args.spec_k  # None: a plain case; 0 / K: the two children of an MTP case
+    out["spec_k"] = spec_k
     if dtype == "bfloat16":
         # patch 0002 refuses bf16 for glm-dsa GGUF (Blackwell's GGUF path takes no bf16); on
         # compute capability 9.0 vLLM's GGUFConfig accepts bf16, which FlashMLA needs: lifted
@@ -376,10 +602,19 @@ def run_case(args: argparse.Namespace) -> dict:
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
         gpu_memory_utilization=0.88, enable_prefix_caching=False, seed=0,
     )  # fmt: skip
+    timer = None
+    if spec_k is not None:
+        timer = StepTimer()
+        timer.install()
+    if spec_k:
+        # as the service renders it (vllm_service_speculative_tokens): the draft on our backend
+        kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": spec_k,
+                                        "attention_backend": backend}  # fmt: skip
+    # graph sizes count tokens: a verify step is batch x (1 + K)
+    sizes = sorted({b * (1 + (spec_k or 0)) for b in args.batches})
     compile_cfgs = [
-        {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY",
-         "cudagraph_capture_sizes": sorted(set(args.batches))},
-        {"cudagraph_capture_sizes": sorted(set(args.batches))},
+        {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "cudagraph_capture_sizes": sizes},
+        {"cudagraph_capture_sizes": sizes},
     ]  # fmt: skip
     t0 = time.time()
     llm = None
@@ -408,14 +643,14 @@ def run_case(args: argparse.Namespace) -> dict:
     out["compile_mode"] = str(ccfg.mode)
     out["memory"] = {k: v for k, v in lines.found.items() if k != "backend_lines"}
     out["backend_lines"] = lines.found["backend_lines"]
-    eng = Engine(llm, cfg["vocab_size"])
+    eng = Engine(llm, cfg["vocab_size"], timer, spec_k or 0)
     t_w = time.time()
     eng.run(1, 1024, 8)  # warm-up: Triton JIT of prefill and decode paths
     eng.run(max(args.batches), 256, 8)
     out["warmup_s"] = round(time.time() - t_w, 1)
     deadline = time.time() + args.case_budget
     out["prefill"] = []
-    for ctx in args.contexts:
+    for ctx in args.contexts if spec_k is None else []:  # MTP cases: decode only
         if time.time() > deadline:
             out.setdefault("skipped", []).append(f"prefill {ctx}")
             continue
@@ -431,6 +666,8 @@ def run_case(args: argparse.Namespace) -> dict:
     grid = [(b, c) for c in args.contexts for b in args.batches
             if args.full_grid or b * c <= 8 * 32768]  # fmt: skip
     prof_points = {(1, max(args.contexts)), (max(args.batches), min(args.contexts))}
+    if spec_k:  # whole-step profiles would mix draft and target: StepTimer profiles each alone
+        prof_points = set()
     for b, c in grid:
         if time.time() > deadline:
             out.setdefault("skipped", []).append(f"decode b{b} c{c}")
@@ -442,7 +679,18 @@ def run_case(args: argparse.Namespace) -> dict:
             continue
         out["decode"].append(r)
         log(f"{args.case} decode b{b} c{c}: {r.get('decode_tok_s')} tok/s, {r.get('step_ms')} ms")
-    if time.time() < deadline:
+    if timer is not None:
+        # batch 1: the next 8 decode forwards (and drafts) alone under the profiler
+        timer.arm("target", 1 + spec_k, 8)
+        if spec_k:
+            timer.arm("draft", 1 + spec_k, 8)
+        try:
+            eng.run(1, min(args.contexts), 12)
+            out["step_profile"] = timer.profile_summary()
+        except Exception as exc:  # the event timings stand without it
+            out.setdefault("errors", []).append(f"step profile: {type(exc).__name__}: {exc}")
+        out["drafter"] = timer.drafter
+    elif time.time() < deadline:
         try:
             out["prefill_profile"] = eng.profile_prefill(min(args.contexts))
         except Exception as exc:  # the decode figures stand without it
@@ -508,8 +756,8 @@ def estimate_78(case: dict, gen: dict) -> dict | None:
                  in d), None)  # fmt: skip
     if prof is None:
         return None
-    view, mix, _ = case["case"].split(":")
-    lb = layer_bytes(view, mix, gen["layers"], gen["experts"])
+    c = parse_case(case["case"])
+    lb = layer_bytes(c.view, c.mix, gen["layers"], gen["experts"])
     n = lb["n_dense"] + lb["n_moe"]
     b = prof["breakdown_us_per_step"]
     per_layer = sum(b.get(k, 0.0) for k in ("attention", "indexer_logits", "topk",
@@ -547,6 +795,159 @@ def estimate_78(case: dict, gen: dict) -> dict | None:
     return out
 
 
+def mtp_speedup(
+    t_target_us: float, t_verify_us: float, t_draft_us: float, acceptance: float
+) -> tuple[float, str]:
+    """Single-stream speed-up of MTP with K = 1 at first-draft-token acceptance `acceptance`.
+
+    Without MTP a step costs t_target and yields 1 token. With K = 1 it costs one draft (t_draft)
+    plus one target forward over 2 tokens (t_verify) and yields 1 + a tokens on average (the
+    verified token, plus the draft when accepted):
+        speed-up = (1 + a) * t_target / (t_verify + t_draft)
+    Returns the value (3 decimals) and the arithmetic as printed. Raises ValueError on a
+    non-positive time or an acceptance outside [0, 1]."""
+    if min(t_target_us, t_verify_us, t_draft_us) <= 0 or not 0 <= acceptance <= 1:
+        raise ValueError(f"mtp_speedup: times must be > 0 and 0 <= a <= 1, got "
+                         f"{t_target_us}, {t_verify_us}, {t_draft_us}, a={acceptance}")  # fmt: skip
+    x = (1 + acceptance) * t_target_us / (t_verify_us + t_draft_us)
+    text = (f"(1 + {acceptance}) x {t_target_us:.1f} / ({t_verify_us:.1f} + {t_draft_us:.1f}) "
+            f"= {x:.3f}x")  # fmt: skip
+    return round(x, 3), text
+
+
+def mtp_estimate(
+    est78: dict,
+    *,
+    k: int,
+    target_us: float,
+    verify_us: float,
+    draft_us: float,
+    n_moe: int,
+    target_head_us: float,
+    draft_head_us: float,
+) -> dict:
+    """The MTP figures of one case from the N-layer measurements at batch 1 (µs, H200):
+    target_us (k = 0 forward), verify_us (forward over 1 + K tokens), draft_us (propose), and
+    est78, estimate_78 of the k = 0 run (its 78-layer H200 step, pessimistic and optimistic).
+
+    target_78 = est78's step; verify_78 = target_78 + (verify_us - target_us) x 75 / n_moe (the
+    view's MoE layers carry all of the extra: pessimistic); the draft (one layer + head) as
+    measured. "full_head" keeps the view's full-vocabulary head; "tp8_head" cuts the target's
+    and the draft's measured head time to 1/8, as a TP8 rank's vocab shard. The ratio draft /
+    target_78 is checked against MTP_TARGET (2/78); the speed-up (K = 1 only) is mtp_speedup at
+    ACCEPTANCE, on the H200 and for 8x RTX PRO 6000 (x bandwidth_scale, + 2 all-reduces per
+    layer: 78 in the target and the verify, 1 in the draft). An estimate, not a measurement."""
+    scale, ar = est78["bandwidth_scale"], est78["allreduce_us_assumed"]
+    extra = verify_us - target_us
+    out: dict = {"label": "ESTIMATE (78 layers extrapolated; draft measured)", "k": k,
+                 "measured_us": {"target": target_us, "verify": verify_us, "draft": draft_us,
+                                 "target_head": target_head_us, "draft_head": draft_head_us},
+                 "n_moe": n_moe, "target_ratio": round(MTP_TARGET, 4)}  # fmt: skip
+    for bound in ("pessimistic", "optimistic"):
+        for head in ("full_head", "tp8_head"):
+            cut = (1 - 1 / TP8_RANKS) if head == "tp8_head" else 0.0
+            t78 = est78[bound]["h200_78_layer_step_us"] - target_head_us * cut
+            v78 = t78 + extra * 75 / n_moe
+            d = draft_us - draft_head_us * cut
+            row: dict = {
+                "target_78_us": round(t78, 1),
+                "verify_78_us": round(v78, 1),
+                "verify_78_arithmetic": f"{t78:.1f} + {extra:.1f} x 75 / {n_moe} = {v78:.1f}",
+                "draft_us": round(d, 1),
+                "draft_ratio": round(d / t78, 4),
+                "draft_ratio_arithmetic": f"{d:.1f} / {t78:.1f} = {d / t78:.4f} "
+                f"({'<=' if d / t78 <= MTP_TARGET else '>'} 2/78 = {MTP_TARGET:.4f})",
+                "meets_2_78": d / t78 <= MTP_TARGET,
+            }
+            if k == 1:
+                pro_t = t78 * scale + 78 * 2 * ar
+                pro_v = v78 * scale + 78 * 2 * ar
+                pro_d = d * scale + 2 * ar
+                for a in ACCEPTANCE:
+                    x, text = mtp_speedup(t78, v78, d, a)
+                    px, ptext = mtp_speedup(pro_t, pro_v, pro_d, a)
+                    row[f"speedup_a{a}"] = {
+                        "h200": x, "h200_arithmetic": text, "pro6000_tp8": px,
+                        "pro6000_tp8_arithmetic": ptext,
+                        "pro6000_tp8_tok_s": round((1 + a) * 1e6 / (pro_v + pro_d), 1),
+                    }  # fmt: skip
+            out[f"{bound}_{head}"] = row
+    if k != 1:
+        out["speedup"] = "K = 1 only (published acceptance is the first draft token's)"
+    return out
+
+
+def _b1(case: dict) -> dict | None:
+    return next((d for d in case.get("decode", []) if d["n"] == 1 and "timer" in d), None)
+
+
+def mtp_summary(case: dict, gen: dict) -> dict | None:
+    """mtp_estimate from an MTP case's JSON (k = K child, its k = 0 child under "base");
+    None when a figure is missing (the reason under "missing")."""
+    c = parse_case(case["case"])
+    base = case.get("base", {})
+    est = base.get("estimate_78") or estimate_78(base, gen) if base else None
+    b1, b1_base = _b1(case), _b1(base)
+    need = {
+        "estimate_78 of the k=0 run": est,
+        "k=0 target_us at batch 1": b1_base and b1_base["timer"].get("target"),
+        "verify_us at batch 1": b1 and b1["timer"].get("target"),
+        "draft_us at batch 1": b1 and b1["timer"].get("draft"),
+    }
+    missing = [k for k, v in need.items() if not v]
+    if missing:
+        return {"missing": missing}
+    # the head's measured share: the draft's own profile, else the k = 0 step's lm_head
+    fam = case.get("step_profile", {}).get("draft", {}).get("breakdown_us_per_call", {})
+    draft_head = fam.get("lm_head", est["h200_lm_head_us"])
+    lb = layer_bytes(c.view, c.mix, gen["layers"], gen["experts"])
+    out = mtp_estimate(
+        est, k=c.k, target_us=b1_base["timer"]["target"]["median_us"],
+        verify_us=b1["timer"]["target"]["median_us"], draft_us=b1["timer"]["draft"]["median_us"],
+        n_moe=lb["n_moe"], target_head_us=est["h200_lm_head_us"], draft_head_us=draft_head,
+    )  # fmt: skip
+    out["drafter"] = case.get("drafter")
+    return out
+
+
+def mtp_lines(c: dict) -> list[str]:
+    """The printed MTP block of one case."""
+    rows = [f"{c['case']:30s} MTP K={parse_case(c['case']).k}, drafter {c.get('drafter')}"]
+    base = {d["n"]: d for d in c.get("base", {}).get("decode", []) if "timer" in d}
+    for d in c.get("decode", []):
+        t = d.get("timer", {})
+        b = base.get(d["n"], {}).get("timer", {}).get("target", {})
+        rows.append(f"  b{d['n']}@{d['prompt'] // 1024}k: target (k=0) {b.get('median_us')} us, "
+                    f"verify {t.get('target', {}).get('median_us')} us, draft "
+                    f"{t.get('draft', {}).get('median_us')} us (host "
+                    f"{t.get('draft', {}).get('host_median_us')} us), "
+                    f"{d.get('tokens_per_step')} tokens/step")  # fmt: skip
+    prof = c.get("step_profile", {})
+    for kind in ("draft", "target"):
+        if kind in prof:
+            fam = " ".join(f"{k}={v}" for k, v in prof[kind]["breakdown_us_per_call"].items())
+            rows.append(f"  b1 {'draft' if kind == 'draft' else 'verify'} kernels "
+                        f"{prof[kind]['gpu_us_per_call']} us: {fam}")  # fmt: skip
+    m = c.get("mtp_estimate")
+    if not m or "missing" in m:
+        rows.append(f"  no MTP estimate: missing {m and m.get('missing')}")
+        return rows
+    rows.append(f"  {m['label']}, batch 1:")
+    for key in ("pessimistic_full_head", "optimistic_full_head", "pessimistic_tp8_head",
+                "optimistic_tp8_head"):  # fmt: skip
+        r = m[key]
+        rows.append(f"  {key}: verify_78 {r['verify_78_arithmetic']}; draft/target_78 "
+                    f"{r['draft_ratio_arithmetic']}")  # fmt: skip
+        for a in ACCEPTANCE:
+            if f"speedup_a{a}" in r:
+                sp = r[f"speedup_a{a}"]
+                pro = f"{sp['pro6000_tp8_arithmetic']} -> {sp['pro6000_tp8_tok_s']} tok/s"
+                rows.append(f"    a={a}: H200 {sp['h200_arithmetic']}; 8x PRO 6000 {pro}")
+    if "speedup" in m:
+        rows.append(f"  speed-up: {m['speedup']}")
+    return rows
+
+
 def table(results: dict) -> str:
     rows = ["case                           | load GiB | KV tok    | TTFT 4k s | decode tok/s "
             "(b x ctx)"]  # fmt: skip
@@ -568,6 +969,13 @@ def table(results: dict) -> str:
                 fam = " ".join(f"{k}={v}" for k, v in d["breakdown_us_per_step"].items())
                 head = f"{c['case']:30s} {d['n']}x{d['prompt'] // 1024}k step {d.get('step_ms')} ms"
                 rows.append(f"{head} gpu {d['gpu_us_per_step']} us: {fam}")
+    mtp = [c for c in results["cases"] if parse_case(c["case"]).k and "error" not in c]
+    if mtp:
+        rows.append("")
+        rows.append("MTP draft vs target step (issue 17; caveats below)")
+        for c in mtp:
+            rows.extend(mtp_lines(c))
+        rows.extend(f"  caveat: {x}" for x in MTP_CAVEATS)
     for c in results["cases"]:
         if c.get("estimate_78"):
             e = c["estimate_78"]
@@ -579,11 +987,78 @@ def table(results: dict) -> str:
     return "\n".join(rows)
 
 
+def run_child(
+    args: argparse.Namespace,
+    work: Path,
+    case: str,
+    info: dict,
+    left: float,
+    spec_k: int | None = None,
+    tag: str = "",
+) -> dict:
+    """One child process measuring `case` on info's GGUF (spec_k: an MTP case's k = 0 or K)."""
+    name = case.replace(":", "_") + tag
+    res_file = work / f"{name}.json"
+    res_file.unlink(missing_ok=True)
+    budget = min(args.case_budget, left - 40)
+    contexts = args.contexts if spec_k is None else [args.mtp_context]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--case", case,
+           "--gguf", info["gguf"], "--hf", info["hf"], "--result", str(res_file),
+           "--case-budget", str(int(budget)), "--decode-tokens", str(args.decode_tokens),
+           "--contexts", ",".join(map(str, contexts)),
+           "--batches", ",".join(map(str, args.batches))]  # fmt: skip
+    if spec_k is not None:
+        cmd += ["--spec-k", str(spec_k)]
+    if args.full_grid:
+        cmd.append("--full-grid")
+    if args.enforce_eager:
+        cmd.append("--enforce-eager")
+    t0 = time.time()
+    with open(work / f"{name}.log", "w") as lf:
+        try:
+            p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT,
+                               timeout=max(left - 15, 30))  # fmt: skip
+            crc = p.returncode
+        except subprocess.TimeoutExpired:
+            crc = -9
+    if res_file.exists():
+        res = json.loads(res_file.read_text())
+    else:
+        tail = (work / f"{name}.log").read_text()[-3000:]
+        res = {"case": case, "error": f"child exit {crc}, no result; log tail: {tail}"}
+    res["wall_s"] = round(time.time() - t0, 1)
+    if "error" in res:
+        res["log_tail"] = (work / f"{name}.log").read_text()[-3000:]
+    return res
+
+
+def run_mtp_case(
+    args: argparse.Namespace, work: Path, case: Case, info: dict, deadline_left
+) -> dict:
+    """An MTP case: k = 0 then k = K, each in its own child on the same nextn GGUF (two engines
+    in one process would share GPU memory vLLM does not fully give back). The k = 0 child is the
+    baseline (its engine skips the nextn block, patch 0005) and carries the profile
+    estimate_78 needs; the K child's result is the case's, with the baseline under "base"."""
+    c = str(case)
+    log(f"case {c}: k=0 baseline on the nextn file, {deadline_left():.0f} s left")
+    base = run_child(args, work, c, info, deadline_left(), spec_k=0, tag="_k0")
+    if "error" in base:
+        return {"case": c, "error": "k=0 baseline: " + base["error"][:1500], "base": base}
+    left = deadline_left()
+    if left < args.min_case_s:
+        return {"case": c, "error": f"skipped the k={case.k} run: {left:.0f} s left",
+                "base": base}  # fmt: skip
+    log(f"case {c}: k={case.k}, {left:.0f} s left")
+    res = run_child(args, work, c, info, left, spec_k=case.k)
+    res["base"] = base
+    return res
+
+
 def parent_main(args: argparse.Namespace) -> int:
     t_start = time.time()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    cases = args.cases.split(",") if args.cases else DEFAULT_CASES
+    cases = [parse_case(c) for c in (args.cases.split(",") if args.cases else DEFAULT_CASES)]
     results: dict = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                      "argv": sys.argv, "experts": args.experts, "cases": [], "gen": {}}  # fmt: skip
     try:
@@ -591,92 +1066,74 @@ def parent_main(args: argparse.Namespace) -> int:
         results["commit"] = subprocess.run(git, capture_output=True, text=True).stdout.strip()
     except OSError:
         results["commit"] = None
-    files = []
+    if any(c.k for c in cases):
+        results["mtp_caveats"] = MTP_CAVEATS
+    files: list[tuple[str, str, int]] = []  # (view, mix, nextn): a nextn file is its own
     for c in cases:
-        view, mix, _ = c.split(":")
-        if (view, mix) not in files:
-            files.append((view, mix))
+        if (c.view, c.mix, c.nextn) not in files:
+            files.append((c.view, c.mix, c.nextn))
     # the writers run two at a time in the background, in case order
     jobs: dict = {}
     pending = list(files)
 
+    def start(key: tuple[str, str, int]) -> None:
+        view, mix, nextn = key
+        layers = args.layers or LAYERS[view]
+        jobs[key] = start_generation(work, view, mix, layers, args.experts, nextn)
+        jobs[key]["layers"] = layers
+        if "info" not in jobs[key]:
+            log(f"writing {gen_name(view, mix, nextn)} ({layers} layers, {args.experts} experts)")
+
     def top_up() -> None:
         while pending and sum(1 for j in jobs.values() if "info" not in j) < args.gen_parallel:
-            view, mix = pending.pop(0)
-            layers = args.layers or LAYERS[view]
-            jobs[(view, mix)] = start_generation(work, view, mix, layers, args.experts)
-            jobs[(view, mix)]["layers"] = layers
-            if "info" in jobs[(view, mix)]:
-                continue
-            log(f"writing {view} {mix} ({layers} layers, {args.experts} experts)")
+            start(pending.pop(0))
+
+    def deadline_left() -> float:
+        return args.deadline - (time.time() - t_start)
 
     top_up()
     out_json = Path(args.json)
     rc = 0
-    for c in cases:
-        view, mix, backend = c.split(":")
-        left = args.deadline - (time.time() - t_start)
+    for case in cases:
+        c = str(case)
+        key = (case.view, case.mix, case.nextn)
+        left = deadline_left()
         if left < args.min_case_s:
             results["cases"].append({"case": c, "error": f"skipped: {left:.0f} s left"})
             rc = 1
             continue
-        if (view, mix) not in jobs:  # not started yet: start it now, ahead of the queue
-            pending.remove((view, mix))
-            pending.insert(0, (view, mix))
-            jobs[(view, mix)] = start_generation(work, view, mix, args.layers or LAYERS[view],
-                                                 args.experts)  # fmt: skip
-            jobs[(view, mix)]["layers"] = args.layers or LAYERS[view]
-            pending.pop(0)
-        job = jobs[(view, mix)]
+        if key not in jobs:  # not started yet: start it now, ahead of the queue
+            pending.remove(key)
+            start(key)
+        job = jobs[key]
         if "info" not in job:
             job["info"] = finish_generation(job) | {"layers": job["layers"],
-                                                    "experts": args.experts}  # fmt: skip
+                                                    "experts": args.experts,
+                                                    "nextn": case.nextn}  # fmt: skip
             if "error" not in job["info"]:
                 (job["dir"] / "gen.json").write_text(json.dumps(job["info"]))
-            results["gen"][f"{view}:{mix}"] = job["info"]
-            log(f"{view} {mix}: {job['info']}")
+            log(f"{case.file_key}: {job['info']}")
             top_up()
         info = job["info"]
-        results["gen"][f"{view}:{mix}"] = info
+        results["gen"][case.file_key] = info
         if "error" in info:
             results["cases"].append({"case": c, "error": info["error"]})
             rc = 1
             continue
-        res_file = work / f"{c.replace(':', '_')}.json"
-        res_file.unlink(missing_ok=True)
-        budget = min(args.case_budget, left - 40)
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--case", c,
-               "--gguf", info["gguf"], "--hf", info["hf"], "--result", str(res_file),
-               "--case-budget", str(int(budget)), "--decode-tokens", str(args.decode_tokens),
-               "--contexts", ",".join(map(str, args.contexts)),
-               "--batches", ",".join(map(str, args.batches))]  # fmt: skip
-        if args.full_grid:
-            cmd.append("--full-grid")
-        if args.enforce_eager:
-            cmd.append("--enforce-eager")
-        log(f"case {c}: {left:.0f} s left")
-        t0 = time.time()
-        with open(work / f"{c.replace(':', '_')}.log", "w") as lf:
-            try:
-                p = subprocess.run(cmd, stdout=lf, stderr=subprocess.STDOUT,
-                                   timeout=max(left - 15, 30))  # fmt: skip
-                crc = p.returncode
-            except subprocess.TimeoutExpired:
-                crc = -9
-        if res_file.exists():
-            res = json.loads(res_file.read_text())
+        if case.k:
+            res = run_mtp_case(args, work, case, info, deadline_left)
         else:
-            tail = (work / f"{c.replace(':', '_')}.log").read_text()[-3000:]
-            res = {"case": c, "error": f"child exit {crc}, no result; log tail: {tail}"}
-        res["wall_s"] = round(time.time() - t0, 1)
+            log(f"case {c}: {left:.0f} s left")
+            res = run_child(args, work, c, info, left)
         if "error" not in res:
-            res["estimate_78"] = estimate_78(res, info)
+            res["estimate_78"] = estimate_78(res.get("base", res), info)
+            if case.k:
+                res["mtp_estimate"] = mtp_summary(res, info)
         else:
             rc = 1
-            res["log_tail"] = (work / f"{c.replace(':', '_')}.log").read_text()[-3000:]
         results["cases"].append(res)
-        log(f"case {c} done in {res['wall_s']} s" + (f": {res['error'][:300]}" if "error" in
-                                                        res else ""))  # fmt: skip
+        log(f"case {c} done in {res.get('wall_s', '?')} s" +
+            (f": {res['error'][:300]}" if "error" in res else ""))  # fmt: skip
         results["total_s"] = round(time.time() - t_start, 1)
         out_json.parent.mkdir(parents=True, exist_ok=True)
         out_json.write_text(json.dumps(results, indent=1))
@@ -704,8 +1161,14 @@ def main(argv: list[str] | None = None) -> int:
         epilog=__doc__.split("examples:")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--cases", help="comma list of view:mix:backend (default: the priority list)")
+    p.add_argument(
+        "--cases",
+        help=f"comma list of {CASE_FORMAT}; mtpK (K = 1..3) makes an MTP "
+        "draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1 (default: the priority list)",
+    )
     p.add_argument("--list-cases", action="store_true", help="print the default cases and exit")
+    p.add_argument("--mtp-context", type=int, default=4096,
+                   help="prompt length of MTP cases (default %(default)s)")  # fmt: skip
     p.add_argument("--work", default="/tmp/bench-serve", help="folder for the GGUFs and logs")
     p.add_argument("--json", default=str(REPO / "benchmarks/results/serve.json"))
     p.add_argument("--report", help="print the table of an existing JSON and exit")
@@ -726,25 +1189,34 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gguf", help=argparse.SUPPRESS)
     p.add_argument("--hf", help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--spec-k", type=int, help=argparse.SUPPRESS)  # an MTP case's child: 0 or K
     args = p.parse_args(argv)
     if args.list_cases:
+        print(
+            f"{CASE_FORMAT}: views {sorted(LAYERS)}, backends {sorted(DTYPE)}, optional mtpK "
+            "(K = 1..3 draft tokens: the MTP draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1)"
+        )
+        print("default cases:")
         print("\n".join(DEFAULT_CASES))
         return 0
     if args.report:
         res = json.loads(Path(args.report).read_text())
         for c in res["cases"]:  # estimates recomputed: the method may be newer than the run
-            g = res.get("gen", {}).get(":".join(c["case"].split(":")[:2]))
+            g = res.get("gen", {}).get(parse_case(c["case"]).file_key)
             if "error" not in c and g:
-                c["estimate_78"] = estimate_78(c, g)
+                c["estimate_78"] = estimate_78(c.get("base", c), g)
+                if "base" in c:
+                    c["mtp_estimate"] = mtp_summary(c, g)
         print(table(res))
         return 0
     if args.quick:
         args.contexts, args.batches = [4096], [1, 32]
-    for c in args.cases.split(",") if args.cases else []:
-        parts = c.split(":")
-        if len(parts) != 3 or parts[0] not in LAYERS or parts[2] not in DTYPE:
-            p.error(f"bad case {c!r}: view:mix:backend, views {sorted(LAYERS)}, "
-                    f"backends {sorted(DTYPE)}")  # fmt: skip
+    try:
+        for c in args.cases.split(",") if args.cases else []:
+            parse_case(c)
+    except CaseError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if args.child:
         return child_main(args)
     return parent_main(args)

@@ -18,6 +18,14 @@ table of unsloth's file is not public in our sources, hence "-like").
 Geometries: `glm5()` (TP1, 64 heads) and `tp8_shard()` (what one rank of a TP8 box computes per
 layer: 8 heads, expert and shared intermediate 256, dense intermediate 1536); `tiny()` for tests.
 
+`--nextn 1` appends GLM-5's MTP/nextn block after the N trunk layers, as llama.cpp's converter
+writes GLM-5's blk.78 (GlmMoeDsaModel: block_count = trunk + nextn_predict_layers): blk.N is a MoE
+layer with the usual attention, indexer and MoE tensors plus nextn.eh_proj (attention's type),
+nextn.enorm, nextn.hnorm and nextn.shared_head_norm (F32). GLM-5's checkpoint has no per-layer
+embed_tokens or shared_head.head, so neither does the file: patch 0009 drafts with the trunk's
+token_embd and output.weight. The HF config keeps num_hidden_layers = N and says
+num_nextn_predict_layers = 1. The default (0) writes the same bytes as before the option existed.
+
 Exit: 0 written, 1 bad input (unknown mix or type, a dimension a type cannot block, output exists
 without --force), 2 usage.
 """
@@ -37,6 +45,8 @@ import numpy as np
 EXAMPLES = """examples:
   python scripts/glm5_gguf_writer.py --mix Q4_K_M --layers 4 --out /tmp/glm5/GLM-5-Q4_K_M.gguf \\
       --split-max-tensors 64 --hf-dir /tmp/glm5/hf
+  python scripts/glm5_gguf_writer.py --mix Q4_K_M --layers 6 --view tp8 --nextn 1 \\
+      --out /tmp/glm5/tp8-mtp.gguf --hf-dir /tmp/glm5/hf-mtp
   python scripts/glm5_gguf_writer.py --mix IQ4_XS --layers 5 --experts 32 --view tp8 \\
       --out /tmp/glm5/tp8.gguf
   python scripts/glm5_gguf_writer.py --list-mixes
@@ -78,6 +88,7 @@ class Geometry:
     rope_theta: float = 1000000.0
     rms_eps: float = 1e-5
     routed_scaling: float = 2.5
+    nextn: int = 0  # MTP/nextn blocks after the trunk (GLM-5 ships 1: blk.78)
     name: str = "glm5"
 
     def __post_init__(self) -> None:
@@ -86,6 +97,8 @@ class Geometry:
                 f"geometry needs layers >= 1 and experts >= top_k ({self.top_k}); "
                 f"got layers {self.layers}, experts {self.experts}"
             )
+        if self.nextn not in (0, 1):
+            raise WriterError(f"nextn must be 0 or 1 (GLM-5 has one MTP layer), got {self.nextn}")
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.first_dense
@@ -223,8 +236,15 @@ def plan(geom: Geometry, mix: Mix) -> list[TensorSpec]:
     layer = -1
     add("output.weight", (g.hidden, g.vocab), "output")
     add("token_embd.weight", (g.hidden, g.vocab), "embd")
-    for layer in range(g.layers):
+    for layer in range(g.layers + g.nextn):
         p = f"blk.{layer}."
+        # the nextn block in the converter's order: eh_proj, enorm, hnorm, the layer, head norm
+        nextn = layer >= g.layers
+        if nextn:
+            # HF eh_proj is [hidden, 2 * hidden] (out, in): ne0 = 2 * hidden
+            add(p + "nextn.eh_proj.weight", (2 * g.hidden, g.hidden), "attn")
+            add(p + "nextn.enorm.weight", (g.hidden,), "f32")
+            add(p + "nextn.hnorm.weight", (g.hidden,), "f32")
         add(p + "attn_norm.weight", (g.hidden,), "f32")
         if g.is_moe(layer):
             add(p + "ffn_down_exps.weight", (g.moe_inter, g.hidden, g.experts), "down_exps")
@@ -255,6 +275,8 @@ def plan(geom: Geometry, mix: Mix) -> list[TensorSpec]:
         add(p + "attn_q_a_norm.weight", (g.q_lora,), "f32")
         add(p + "attn_q_a.weight", (g.hidden, g.q_lora), "attn")
         add(p + "attn_q_b.weight", (g.q_lora, g.heads * (g.qk_nope + g.qk_rope)), "attn")
+        if nextn:
+            add(p + "nextn.shared_head_norm.weight", (g.hidden,), "f32")
     add("output_norm.weight", (g.hidden,), "f32")
     for spec in out:
         _check_blockable(spec)
@@ -394,7 +416,7 @@ def write_metadata(w, geom: Geometry, mix: Mix) -> None:  # w: gguf.GGUFWriter
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"GLM-5 geometry {g.name} (random weights)")
     w.add_size_label(f"{g.experts}x{g.layers}L")
-    w.add_block_count(g.layers)
+    w.add_block_count(g.layers + g.nextn)
     w.add_context_length(g.context)
     w.add_embedding_length(g.hidden)
     w.add_feed_forward_length(g.dense_inter)
@@ -421,6 +443,8 @@ def write_metadata(w, geom: Geometry, mix: Mix) -> None:  # w: gguf.GGUFWriter
     w.add_expert_weights_scale(g.routed_scaling)
     w.add_expert_weights_norm(True)
     w.add_rope_dimension_count(g.qk_rope)
+    if g.nextn:  # where the converter writes it; without the block (as --no-mtp) there is no key
+        w.add_nextn_predict_layers(g.nextn)
     w.add_indexer_head_count(g.index_heads)
     w.add_indexer_key_length(g.index_dim)
     w.add_indexer_top_k(g.index_topk)
@@ -484,7 +508,8 @@ def hf_config(geom: Geometry) -> dict:
         "max_position_embeddings": g.context,
         "rope_parameters": {"rope_theta": g.rope_theta, "rope_type": "default"},
         "vocab_size": g.vocab,
-        "num_nextn_predict_layers": 0,
+        # patch 0009's draft reads blk.<num_hidden_layers>.. from here (num_hidden_layers: trunk)
+        "num_nextn_predict_layers": g.nextn,
     }
     if g.shared_inter != g.moe_inter:
         # vLLM sizes the shared expert as moe_intermediate_size * n_shared_experts
@@ -571,6 +596,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--view", choices=sorted(VIEWS), default="full", help="geometry view")
     p.add_argument("--layers", type=int, default=4, help="layers (first 3 dense; default 4)")
     p.add_argument("--experts", type=int, default=256, help="routed experts (default 256)")
+    p.add_argument(
+        "--nextn",
+        type=int,
+        choices=(0, 1),
+        default=0,
+        help="append GLM-5's MTP/nextn block as blk.<layers> (default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-max-tensors", type=int, default=0, help="shard every N tensors")
     p.add_argument("--hf-dir", type=Path, help="also write config.json for --hf-config-path")
@@ -586,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.mix not in MIXES:
             raise WriterError(f"unknown mix {args.mix!r} (known: {', '.join(MIXES)})")
-        geom = VIEWS[args.view](args.layers, args.experts)
+        geom = dataclasses.replace(VIEWS[args.view](args.layers, args.experts), nextn=args.nextn)
         paths = write_gguf(
             args.out,
             geom,

@@ -7,10 +7,14 @@ gguf-py's own reader and dequantizer.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 from pathlib import Path
 
 import gguf
 import gguf_merge
+import gguf_nextn
 import gguf_types_check as tc
 import glm5_gguf_writer as w
 import numpy as np
@@ -199,3 +203,144 @@ def test_writer_cli_refuses_unknown_mix_and_existing_output(tmp_path: Path, caps
     assert w.main(["--mix", "IQ4_XS", "--out", str(out), "--view", "tiny", "--layers", "2"]) == 1
     assert "exists (use --force" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.gguf"]
+
+
+# --- the MTP/nextn block (--nextn 1) ---------------------------------------------------------
+
+NEXTN = ("nextn.eh_proj.weight", "nextn.enorm.weight", "nextn.hnorm.weight")
+HEAD_NORM = "nextn.shared_head_norm.weight"
+
+
+def test_nextn_block_is_glm5s_blk_78() -> None:
+    plain = w.plan(w.glm5(layers=78), w.MIXES["Q4_K_M"])
+    specs = w.plan(dataclasses.replace(w.glm5(layers=78), nextn=1), w.MIXES["Q4_K_M"])
+    # the trunk is untouched; blk.78 comes before output_norm, as in the converter's output
+    assert specs[: len(plain) - 1] == plain[:-1] and specs[-1] == plain[-1]
+    blk78 = [s for s in specs if s.name.startswith("blk.78.")]
+    blk77 = [s.name.removeprefix("blk.77.") for s in plain if s.name.startswith("blk.77.")]
+    # the converter's order: eh_proj, enorm, hnorm, the MoE layer's 23 tensors, shared_head_norm
+    assert [s.name.removeprefix("blk.78.") for s in blk78] == [*NEXTN, *blk77, HEAD_NORM]
+    nextn = {s.name: (s.ne, s.type_name) for s in blk78 if ".nextn." in s.name}
+    assert nextn == {
+        "blk.78.nextn.eh_proj.weight": ((12288, 6144), "Q8_0"),  # HF [hidden, 2 * hidden]
+        "blk.78.nextn.enorm.weight": ((6144,), "F32"),
+        "blk.78.nextn.hnorm.weight": ((6144,), "F32"),
+        "blk.78.nextn.shared_head_norm.weight": ((6144,), "F32"),
+    }
+    # gguf-py's glm-dsa table gives these names to DeepSeek-V3-style MTP checkpoint names; GLM-5
+    # has no per-layer embed_tokens / shared_head.head, so the file has none (patch 0009 uses
+    # the trunk's token_embd and output.weight)
+    table = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM_DSA, 79)
+    hf = {"eh_proj": NEXTN[0], "enorm": NEXTN[1], "hnorm": NEXTN[2], "shared_head.norm": HEAD_NORM}
+    for part, name in hf.items():
+        assert table.get_name(f"model.layers.78.{part}") + ".weight" == "blk.78." + name
+    for part in ("embed_tokens", "shared_head.head"):
+        assert table.get_name(f"model.layers.78.{part}") + ".weight" not in nextn
+
+
+@pytest.mark.parametrize(("mix", "published_gib"), [("Q4_K_M", 432.8), ("IQ4_XS", 336.6)])
+def test_nextn_block_makes_the_published_sizes(mix: str, published_gib: float) -> None:
+    # AesSedai's files carry blk.78: with it the plan is within 0.1% of their size
+    geom = dataclasses.replace(w.glm5(layers=78), nextn=1)
+    gib = sum(w.nbytes(s) for s in w.plan(geom, w.MIXES[mix])) / 2**30
+    assert abs(gib / published_gib - 1) < 1e-3, gib
+
+
+def test_nextn_must_be_0_or_1() -> None:
+    with pytest.raises(w.WriterError, match="nextn must be 0 or 1"):
+        w.Geometry(nextn=2)
+
+
+# sha256 of the files main's writer (c6f4783, before --nextn existed) wrote for tiny(layers=2),
+# seed 0, gguf==0.18.0 (pinned in requirements/): the default must stay byte for byte the same
+BEFORE_NEXTN = {
+    "Q4_K_M": "608d2c644ced5b17fc2d68de1e6e5200b55dceeb2944ef99ef870575617afbf9",
+    "IQ4_XS": "6bb13897afcdcd6f05972ec550d9c12e0898c4b07311f7f64b6d89447c9215eb",
+    "UD-IQ2_M": "36ae8f3bc3d28f044fb87a8ce0e074ffa75b911f6e34c7629a9d7f58d4c4c0c0",
+}
+BEFORE_NEXTN_TP8_CONFIG = "559c33747169af93ce6e88867671a8e374be65f741f38de812d5056747896d1f"
+
+
+@pytest.mark.parametrize("mix", list(BEFORE_NEXTN))
+def test_nextn_0_writes_the_same_bytes_as_before(tmp_path: Path, mix: str) -> None:
+    out = tmp_path / "m.gguf"
+    argv = ["--mix", mix, "--view", "tiny", "--layers", "2", "--experts", "8",
+            "--out", str(out), "--hf-dir", str(tmp_path / "hf")]  # fmt: skip
+    assert w.main(argv) == 0
+    assert hashlib.sha256(out.read_bytes()).hexdigest() == BEFORE_NEXTN[mix]
+    reader = gguf.GGUFReader(out)
+    assert reader.get_field("glm-dsa.nextn_predict_layers") is None
+    assert not [t.name for t in reader.tensors if ".nextn." in t.name]
+    w.write_hf_dir(tmp_path / "tp8", w.tp8_shard(layers=6))
+    config = (tmp_path / "tp8" / "config.json").read_bytes()
+    assert hashlib.sha256(config).hexdigest() == BEFORE_NEXTN_TP8_CONFIG
+
+
+@pytest.fixture(scope="module")
+def nextn_files(tmp_path_factory: pytest.TempPathFactory) -> dict[int, Path]:
+    """The tiny geometry (3 layers: blk.0 dense, blk.1-2 MoE) with and without --nextn 1, written
+    by the CLI as split shards and merged, as bench_serve does."""
+    out = {}
+    for n in (0, 1):
+        d = tmp_path_factory.mktemp(f"nextn{n}")
+        argv = ["--mix", "Q4_K_M", "--view", "tiny", "--layers", "3", "--experts", "8",
+                "--nextn", str(n), "--out", str(d / "shards" / "t.gguf"),
+                "--split-max-tensors", "20", "--hf-dir", str(d / "hf")]  # fmt: skip
+        assert w.main(argv) == 0
+        first = sorted((d / "shards").glob("t-00001-of-*.gguf"))[0]
+        assert gguf_merge.main(["--no-progress", str(first), str(d / "t.gguf")]) == 0
+        out[n] = d
+    return out
+
+
+def test_nextn_file_reads_back_with_its_block_and_keys(nextn_files: dict[int, Path]) -> None:
+    reader = gguf.GGUFReader(nextn_files[1] / "t.gguf")
+    geom = dataclasses.replace(w.tiny(layers=3), nextn=1)
+    got = [(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name) for t in reader.tensors]
+    assert got == [(s.name, s.ne, s.type_name) for s in w.plan(geom, w.MIXES["Q4_K_M"])]
+    types = {t.name: (tuple(int(x) for x in t.shape), t.tensor_type.name) for t in reader.tensors}
+    assert types["blk.3.nextn.eh_proj.weight"] == ((1024, 512), "Q8_0")
+    for name in ("enorm", "hnorm", "shared_head_norm"):
+        assert types[f"blk.3.nextn.{name}.weight"] == ((512,), "F32")
+    assert types["blk.3.ffn_gate_exps.weight"] == ((512, 256, 8), "Q4_K")  # a MoE layer
+    assert types["blk.3.indexer.attn_k.weight"] == ((512, 128), "Q8_0")
+    assert types["blk.3.attn_k_b.weight"] == ((192, 512, 8), "Q8_0")
+    assert not [n for n in types if n.startswith("blk.4.")]
+    fields = {f.name: f.contents() for f in reader.fields.values() if not f.name.startswith("tok")}
+    assert fields["glm-dsa.block_count"] == 4  # trunk + nextn, as llama.cpp counts them
+    assert fields["glm-dsa.nextn_predict_layers"] == 1
+    assert fields["glm-dsa.leading_dense_block_count"] == 1
+    # the converter's key order: right after the rope dimension, before the indexer keys
+    keys = list(fields)
+    at = keys.index("glm-dsa.nextn_predict_layers")
+    assert keys[at - 1 : at + 2] == ["glm-dsa.rope.dimension_count", "glm-dsa.nextn_predict_layers",
+                                     "glm-dsa.attention.indexer.head_count"]  # fmt: skip
+    for t in reader.tensors:
+        if ".nextn." in t.name:
+            vals = dequantize(t.data, t.tensor_type)
+            assert np.isfinite(vals).all(), t.name
+            if t.name.endswith("norm.weight"):
+                assert abs(float(vals.mean()) - 1) < 0.05, t.name  # a norm weight, near 1
+
+
+def test_nextn_config_keeps_the_trunk_layer_count(nextn_files: dict[int, Path]) -> None:
+    cfg = {n: json.loads((nextn_files[n] / "hf" / "config.json").read_text()) for n in (0, 1)}
+    assert cfg[1]["num_nextn_predict_layers"] == 1 and cfg[0]["num_nextn_predict_layers"] == 0
+    assert cfg[1]["num_hidden_layers"] == 3
+    assert cfg[1]["mlp_layer_types"] == ["dense", "sparse", "sparse"]
+    assert {k: v for k, v in cfg[1].items() if k != "num_nextn_predict_layers"} == {
+        k: v for k, v in cfg[0].items() if k != "num_nextn_predict_layers"
+    }
+
+
+def test_gguf_nextn_check_accepts_nextn_1_and_refuses_nextn_0(
+    nextn_files: dict[int, Path], capsys
+) -> None:
+    assert gguf_nextn.main([str(nextn_files[1] / "t.gguf")]) == 0
+    assert json.loads(capsys.readouterr().out) == {
+        "arch": "glm-dsa", "block_count": 4, "nextn_predict_layers": 1, "nextn_blocks": [3],
+    }  # fmt: skip
+    assert gguf_nextn.main([str(nextn_files[0] / "t.gguf")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {nextn_files[0] / 't.gguf'} has no complete MTP/nextn layer")
+    assert "nextn_predict_layers=0, nextn eh_proj tensors in blocks [] of 3" in err

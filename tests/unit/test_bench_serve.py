@@ -1,0 +1,202 @@
+"""benchmarks/bench_serve.py on the CPU: case parsing (the MTP field), the generation of a nextn
+file, the MTP speed-up arithmetic (values checked by hand) and the report of an MTP case's JSON.
+The GPU measurement itself (StepTimer's CUDA events inside vLLM) runs only on a GPU host; the
+runtime-tier test at the end checks that the vLLM methods it wraps have the arguments it reads.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+_spec = importlib.util.spec_from_file_location("bench_serve", REPO / "benchmarks/bench_serve.py")
+bs = importlib.util.module_from_spec(_spec)
+sys.modules["bench_serve"] = bs
+_spec.loader.exec_module(bs)
+
+
+def test_mtp_case_parses() -> None:
+    c = bs.parse_case("tp8:Q4_K_M:CUSTOM:mtp1")
+    assert c == bs.Case("tp8", "Q4_K_M", "CUSTOM", 1)
+    assert str(c) == "tp8:Q4_K_M:CUSTOM:mtp1" and c.nextn == 1
+    assert c.file_key == "tp8:Q4_K_M:nextn1"
+    plain = bs.parse_case("tp8:Q4_K_M:CUSTOM")
+    assert plain.k == 0 and plain.nextn == 0 and str(plain) == "tp8:Q4_K_M:CUSTOM"
+    assert plain.file_key == "tp8:Q4_K_M"  # as before: old JSONs' "gen" keys still match
+    assert bs.parse_case("full:IQ4_XS:FLASHMLA_SPARSE:mtp3").k == 3
+
+
+@pytest.mark.parametrize(
+    ("case", "field"),
+    [
+        ("tp8:Q4_K_M:CUSTOM:mtp0", "4th field 'mtp0'"),
+        ("tp8:Q4_K_M:CUSTOM:mtp4", "4th field 'mtp4'"),
+        ("tp8:Q4_K_M:CUSTOM:mtpx", "4th field 'mtpx'"),
+        ("tp9:Q4_K_M:CUSTOM:mtp1", "view 'tp9'"),
+        ("tp8:Q4_K_M:FLASH:mtp1", "backend 'FLASH'"),
+        ("tp8:Q4_K_M:CUSTOM:mtp1:x", "view:mix:backend[:mtpK]"),
+    ],
+)
+def test_bad_case_is_one_error_line_naming_the_field(case: str, field: str, capsys) -> None:
+    assert bs.main(["--cases", f"tp8:Q4_K_M:CUSTOM,{case}"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: bad case {case!r}: "), lines
+    assert field in lines[0]
+
+
+def test_list_cases_and_help_show_the_mtp_field(capsys) -> None:
+    assert bs.main(["--list-cases"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("view:mix:backend[:mtpK]") and "tp8:Q4_K_M:CUSTOM:mtp1" in out
+    assert "tp8:Q4_K_M:CUSTOM\n" in out  # the default cases follow
+    with pytest.raises(SystemExit):
+        bs.main(["--help"])
+    out = capsys.readouterr().out
+    assert "view:mix:backend[:mtpK]" in out and "--mtp-context" in out
+
+
+def test_gen_command_writes_a_nextn_file_apart_from_the_plain_one(tmp_path: Path) -> None:
+    plain = bs.gen_command(tmp_path, "tp8", "Q4_K_M", 6, 256)
+    nextn = bs.gen_command(tmp_path, "tp8", "Q4_K_M", 6, 256, nextn=1)
+    assert "--nextn" not in plain  # the plain command is unchanged
+    assert plain[plain.index("--out") + 1] == str(
+        tmp_path / "tp8-Q4_K_M" / "shards" / "GLM-5-tp8-Q4_K_M.gguf"
+    )
+    assert nextn[nextn.index("--nextn") + 1] == "1"
+    assert nextn[nextn.index("--out") + 1] == str(
+        tmp_path / "tp8-Q4_K_M-nextn1" / "shards" / "GLM-5-tp8-Q4_K_M-nextn1.gguf"
+    )
+    assert nextn[nextn.index("--hf-dir") + 1] == str(tmp_path / "tp8-Q4_K_M-nextn1" / "hf")
+
+
+def test_generation_of_a_nextn_file_checks_its_block(tmp_path: Path) -> None:
+    job = bs.start_generation(tmp_path, "tiny", "Q4_K_M", 3, 8, nextn=1)
+    info = bs.finish_generation(job)
+    assert "error" not in info, info
+    assert Path(info["gguf"]).name == "GLM-5-tiny-Q4_K_M-nextn1.gguf"
+    assert info["nextn_check"]["rc"] == 0
+    assert json.loads(info["nextn_check"]["out"])["nextn_blocks"] == [3]
+    cfg = json.loads((Path(info["hf"]) / "config.json").read_text())
+    assert cfg["num_nextn_predict_layers"] == 1 and cfg["num_hidden_layers"] == 3
+
+
+def test_mtp_speedup_arithmetic() -> None:
+    # (1 + 0.8) x 10000 / (10500 + 300) = 18000 / 10800 = 1.6667
+    x, text = bs.mtp_speedup(10000.0, 10500.0, 300.0, 0.8)
+    assert x == 1.667
+    assert text == "(1 + 0.8) x 10000.0 / (10500.0 + 300.0) = 1.667x"
+    assert bs.mtp_speedup(10000.0, 10500.0, 300.0, 0.9)[0] == 1.759  # 19000 / 10800
+    with pytest.raises(ValueError, match="times must be > 0"):
+        bs.mtp_speedup(10000.0, 0.0, 300.0, 0.8)
+    with pytest.raises(ValueError):
+        bs.mtp_speedup(10000.0, 10500.0, 300.0, 1.5)
+
+
+EST78 = {
+    "bandwidth_scale": 2.0,
+    "allreduce_us_assumed": 10.0,
+    "pessimistic": {"h200_78_layer_step_us": 15000.0},
+    "optimistic": {"h200_78_layer_step_us": 12000.0},
+}
+
+
+def test_mtp_estimate_by_hand() -> None:
+    m = bs.mtp_estimate(EST78, k=1, target_us=1800.0, verify_us=1860.0, draft_us=700.0, n_moe=3,
+                        target_head_us=400.0, draft_head_us=400.0)  # fmt: skip
+    full = m["pessimistic_full_head"]
+    # verify_78 = 15000 + (1860 - 1800) x 75 / 3 = 16500; draft / target = 700 / 15000
+    assert full["target_78_us"] == 15000.0 and full["verify_78_us"] == 16500.0
+    assert full["verify_78_arithmetic"] == "15000.0 + 60.0 x 75 / 3 = 16500.0"
+    assert full["draft_ratio"] == 0.0467 and not full["meets_2_78"]
+    assert full["speedup_a0.8"]["h200"] == 1.570  # 1.8 x 15000 / 17200 = 1.5698
+    tp8 = m["pessimistic_tp8_head"]
+    # the head cut to 1/8: target 15000 - 350 = 14650, verify 16150, draft 700 - 350 = 350
+    assert (tp8["target_78_us"], tp8["verify_78_us"], tp8["draft_us"]) == (14650.0, 16150.0, 350.0)
+    assert tp8["draft_ratio"] == 0.0239 and tp8["meets_2_78"]  # 350 / 14650 <= 2/78 = 0.0256
+    sp = tp8["speedup_a0.8"]
+    assert sp["h200"] == 1.598  # 1.8 x 14650 / 16500 = 1.59818
+    assert sp["h200_arithmetic"] == "(1 + 0.8) x 14650.0 / (16150.0 + 350.0) = 1.598x"
+    # 8x PRO 6000: x 2 + 78 x 2 x 10 us (target, verify), + 2 x 10 us (draft):
+    # 1.8 x 30860 / (33860 + 720) = 1.60636; 1.8e6 / 34580 = 52.05 tok/s
+    assert sp["pro6000_tp8"] == 1.606 and sp["pro6000_tp8_tok_s"] == 52.1
+    assert m["optimistic_full_head"]["verify_78_us"] == 13500.0
+    k2 = bs.mtp_estimate(EST78, k=2, target_us=1800.0, verify_us=1900.0, draft_us=900.0,
+                         n_moe=3, target_head_us=400.0, draft_head_us=400.0)  # fmt: skip
+    assert "speedup_a0.8" not in k2["pessimistic_full_head"] and "K = 1 only" in k2["speedup"]
+
+
+def fake_mtp_result(tmp_path: Path) -> Path:
+    """A results JSON as parent_main writes it for one MTP case on the tiny view."""
+    breakdown = {"attention": 60.0, "dense_gguf": 600.0, "moe_gguf": 120.0, "lm_head": 400.0,
+                 "other": 300.0}  # fmt: skip
+    base_b1 = {"n": 1, "prompt": 4096, "decode_tok_s": 550.0, "gpu_us_per_step": 1480.0,
+               "timer": {"target": {"median_us": 1800.0}},
+               "breakdown_us_per_step": breakdown}  # fmt: skip
+    case = {
+        "case": "tiny:Q4_K_M:CUSTOM:mtp1", "memory": {}, "prefill": [],
+        "decode": [{"n": 1, "prompt": 4096, "decode_tok_s": 480.0, "tokens_per_step": 1.0,
+                    "timer": {"target": {"median_us": 1860.0},
+                              "draft": {"median_us": 700.0, "host_median_us": 900.0}}}],
+        "step_profile": {"draft": {"calls": 8, "gpu_us_per_call": 520.0,
+                                   "breakdown_us_per_call": {"lm_head": 410.0, "other": 110.0}}},
+        "drafter": {"class": "EagleProposer", "cudagraph_mode": "NONE"},
+        "base": {"case": "tiny:Q4_K_M:CUSTOM:mtp1", "decode": [base_b1]},
+    }  # fmt: skip
+    res = {"cases": [case], "gen": {"tiny:Q4_K_M:nextn1": {"layers": 3, "experts": 8}}}
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(res))
+    return path
+
+
+def test_report_of_an_mtp_case(tmp_path: Path, capsys) -> None:
+    path = fake_mtp_result(tmp_path)
+    res = json.loads(path.read_text())
+    case, gen = res["cases"][0], res["gen"]["tiny:Q4_K_M:nextn1"]
+    m = bs.mtp_summary(case, gen)
+    assert m["measured_us"] == {"target": 1800.0, "verify": 1860.0, "draft": 700.0,
+                                "target_head": 400.0, "draft_head": 410.0}  # fmt: skip
+    est = bs.estimate_78(case["base"], gen)
+    assert m["pessimistic_full_head"]["target_78_us"] == est["pessimistic"]["h200_78_layer_step_us"]
+    assert m["n_moe"] == 2  # tiny: blk.0 dense, blk.1-2 MoE (the nextn block is not the trunk's)
+    assert bs.main(["--report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "MTP draft vs target step" in out
+    assert "b1@4k: target (k=0) 1800.0 us, verify 1860.0 us, draft 700.0 us" in out
+    assert "pessimistic_tp8_head: verify_78 " in out and "2/78 = 0.0256" in out
+    assert "a=0.8: H200 (1 + 0.8) x " in out and "tok/s" in out
+    assert out.count("caveat: ") == len(bs.MTP_CAVEATS) and "154,880-row" in out
+
+
+def test_mtp_summary_names_what_is_missing() -> None:
+    case = {"case": "tiny:Q4_K_M:CUSTOM:mtp1", "decode": [], "base": {"decode": []}}
+    m = bs.mtp_summary(case, {"layers": 3, "experts": 8})
+    assert "draft_us at batch 1" in m["missing"] and "estimate_78 of the k=0 run" in m["missing"]
+
+
+def test_token_counts_read_from_vllms_arguments() -> None:
+    so = SimpleNamespace(total_num_scheduled_tokens=2)
+    assert bs._scheduled_tokens((None, so), {}) == 2
+    assert bs._scheduled_tokens((None,), {"scheduler_output": so}) == 2
+    ids = SimpleNamespace(shape=(64,))
+    assert bs._target_tokens((None,), {"target_token_ids": ids}) == 64
+
+
+@pytest.mark.runtime
+def test_wrapped_vllm_methods_take_the_arguments_read() -> None:
+    # StepTimer wraps these two on the GPU host; it reads scheduler_output and target_token_ids
+    from vllm.v1.spec_decode.eagle import EagleProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    assert list(inspect.signature(GPUModelRunner.execute_model).parameters)[:2] == [
+        "self", "scheduler_output"]  # fmt: skip
+    assert list(inspect.signature(EagleProposer.propose).parameters)[:2] == [
+        "self", "target_token_ids"]  # fmt: skip
