@@ -127,5 +127,9 @@ def test_prefill_chunk_stays_inside_the_gguf_moe_vec_kernels_grid() -> None:
     i = argv.index("--max-num-batched-tokens")
     assert int(argv[i + 1]) * 8 <= 65535
     assert argv[i - 2] == "--max-model-len"
+    # the serving benchmark measures with the service's chunk (its own constant, one value)
+    import bench_serve
+
+    assert int(argv[i + 1]) == bench_serve.MAX_BATCHED_TOKENS
     raised = exec_start(render_unit(vllm_service_max_num_batched_tokens=16384))
     assert raised[raised.index("--max-num-batched-tokens") + 1] == "16384"

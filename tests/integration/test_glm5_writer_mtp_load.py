@@ -58,12 +58,7 @@ def test_draft_is_deepseek_mtp_with_every_nextn_tensor(run: dict) -> None:
     assert {g for g in m if g in names} == nextn | {"output.weight"}
     # the loader's gap check passed (else no model): the only parameter it leaves is the
     # embedding, which vLLM's MTP proposer takes from the target
-    assert run["draft_logs"] == [
-        "MTP draft: the GGUF has no nextn.embed_tokens; the draft uses the target model's "
-        "embed_tokens (vLLM's MTP proposer shares it)",
-        "MTP draft: 28 GGUF tensors loaded into DeepSeekMTP: all of blk.3 and output.weight "
-        "(the head)",
-    ]
+    assert run["draft_logs"] == patched_vllm.TINY_MTP_DRAFT_LOGS
 
 
 def test_draft_holds_the_files_eh_proj_and_head(run: dict) -> None:

@@ -72,3 +72,12 @@ def patched_site(dest: Path) -> Path:
     if vllm_patches.main(["apply", "--site-packages", str(dest)]) != 0:
         raise RuntimeError(f"the series does not apply to the vLLM copy in {dest}")
     return dest
+
+
+# Patch 0009's log lines when it loads the nextn block of a tiny 3-layer GLM-5 (blk.3, no
+# embed_tokens and no head of its own), whichever writer made the file.
+TINY_MTP_DRAFT_LOGS = [
+    "MTP draft: the GGUF has no nextn.embed_tokens; the draft uses the target model's "
+    "embed_tokens (vLLM's MTP proposer shares it)",
+    "MTP draft: 28 GGUF tensors loaded into DeepSeekMTP: all of blk.3 and output.weight (the head)",
+]

@@ -6,20 +6,15 @@ runtime-tier test at the end checks that the vLLM methods it wraps have the argu
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import bench_serve as bs
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("bench_serve", REPO / "benchmarks/bench_serve.py")
-bs = importlib.util.module_from_spec(_spec)
-sys.modules["bench_serve"] = bs
-_spec.loader.exec_module(bs)
 
 
 def test_mtp_case_parses() -> None:
