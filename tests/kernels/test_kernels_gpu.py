@@ -156,8 +156,20 @@ def test_mqa_logits_real_shape():
     check_close(out[fin], expect[fin], torch.float32)
 
 
+def _paged_configs():
+    from vllm_sparse_mla.kernels._configs import PAGED_LOGITS_CONFIG, PAGED_LOGITS_VARIANTS
+
+    return [PAGED_LOGITS_CONFIG, *PAGED_LOGITS_VARIANTS]
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    _paged_configs(),
+    ids=lambda c: f"tiles{c.tiles_per_program}_ns{c.num_stages}",
+)
 @pytest.mark.parametrize("next_n", [1, 2])
-def test_paged_mqa_logits_real_shape_and_graph(next_n):
+def test_paged_mqa_logits_real_shape_and_graph(next_n, cfg):
+    """The default and every swept candidate (several key tiles per program)."""
     from vllm_sparse_mla.kernels import paged_mqa_logits
     from vllm_sparse_mla.kernels import reference as ref
 
@@ -172,10 +184,10 @@ def test_paged_mqa_logits_real_shape_and_graph(next_n):
     w = torch.randn(b * next_n, h, device="cuda") * 0.1
     expect = ref.paged_mqa_logits(q, cache, w, ctx, bt, max_len)
     out = torch.empty(b * next_n, max_len, device="cuda")
-    paged_mqa_logits((q, None), cache, w, ctx, bt, None, max_len, True, out=out)
+    paged_mqa_logits((q, None), cache, w, ctx, bt, None, max_len, True, out=out, config=cfg)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        paged_mqa_logits((q, None), cache, w, ctx, bt, None, max_len, True, out=out)
+        paged_mqa_logits((q, None), cache, w, ctx, bt, None, max_len, True, out=out, config=cfg)
     out.fill_(float("nan"))
     graph.replay()
     torch.cuda.synchronize()

@@ -10,7 +10,12 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from support.kernel_cases import ATTN_CASES, CASES  # noqa: E402
-from support.kernel_inputs import check_close, check_topk, topk_logits  # noqa: E402
+from support.kernel_inputs import (  # noqa: E402
+    check_close,
+    check_topk,
+    paged_inputs,
+    topk_logits,
+)
 
 pytestmark = pytest.mark.runtime(requires=("torch", "triton"))
 
@@ -41,6 +46,12 @@ def test_indexer_logits_match_reference(case_result, request):
     check_close(out[valid], ref[valid], torch.float32)
     if name.endswith("clean"):
         assert torch.equal(torch.isneginf(out), ~valid), "clean_logits: -inf exactly outside range"
+    if "written" in case_result:  # paged: out was NaN-filled
+        assert bool(case_result["same_object"]), "the kernel must return the out= tensor"
+        written = case_result["written"] if name.endswith("raw") else torch.ones_like(valid)
+        assert bool((valid & ~written).sum() == 0), "a valid key outside the written tiles"
+        assert torch.equal(~torch.isnan(out), written), "written = the tiles meeting the range"
+        assert torch.equal(torch.isneginf(out), written & ~valid), "-inf where masked in them"
 
 
 @pytest.mark.parametrize("case_result", [n for n in CASES if n.startswith("topk_")], indirect=True)
@@ -86,6 +97,21 @@ def test_check_close_can_fail():
         with pytest.raises(AssertionError):
             check_close(bad, ref)
     check_close(ref.clone(), ref)
+
+
+def test_paged_logits_rejects_bad_config():
+    """The launcher validates the config before launching (CPU tensors: nothing runs)."""
+    from dataclasses import replace
+
+    from vllm_sparse_mla.kernels import paged_mqa_logits
+    from vllm_sparse_mla.kernels._configs import PAGED_LOGITS_CONFIG
+
+    q, cache, w, ctx, bt = paged_inputs(2, 1, [5, 70], 4)
+    with pytest.raises(ValueError, match="tiles_per_program"):
+        bad = replace(PAGED_LOGITS_CONFIG, tiles_per_program=0)
+        paged_mqa_logits((q, None), cache, w, ctx, bt, None, 128, config=bad)
+    with pytest.raises(TypeError, match="IndexerConfig"):
+        paged_mqa_logits((q, None), cache, w, ctx, bt, None, 128, config=(1, 128, 4, 2))
 
 
 def test_topk_auto_rule():

@@ -34,6 +34,17 @@ def test_every_launched_config_fits_sm120(capsys):
     assert not shallow, f"row tile not multi-buffered: {shallow}"
     assert not waits, f"async_wait {{num = 0}} in the main loop: {waits}"
     assert not no_cp_async, f"no cp.async gather in the main loop: {no_cp_async}"
+    # paged logits over several key tiles per program (the benchmark's candidates): the key
+    # tiles are copied with cp.async in the loop; from 3 stages up they form a 2+ deep ring
+    # waited for partially (the next tile in flight under this tile's dot)
+    multi = [r for r in rows if r.name.startswith("paged_logits") and " tiles=1 " not in r.name]
+    assert {t for r in multi for t in (2, 4) if f" tiles={t} " in r.name} == {2, 4}
+    no_cp_async = [r.name for r in multi if not r.loop_async_copies]
+    assert not no_cp_async, f"paged logits: no cp.async key load in the loop: {no_cp_async}"
+    deep = [r for r in multi if not r.name.endswith(" ns2")]
+    assert deep, "no 3-stage paged logits candidate cross-compiled"
+    serial = [r.name for r in deep if (r.ring_depth or 0) < 2 or r.loop_full_wait is not False]
+    assert not serial, f"paged logits key tiles not pipelined: {serial}"
 
 
 def test_pipelining_reader_flags_a_serialised_loop():

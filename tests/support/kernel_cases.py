@@ -109,21 +109,58 @@ def run_mqa(name: str, device: str) -> dict[str, torch.Tensor]:
     return {"out": out.cpu(), "ref": ref.mqa_logits(q, k, sc, w, ks, ke).cpu()}
 
 
-def run_paged(name: str, device: str) -> dict[str, torch.Tensor]:
-    from vllm_sparse_mla.kernels import paged_mqa_logits, paged_mqa_logits_metadata
+# paged_..._t<k>_...: k key tiles per program (IndexerConfig.tiles_per_program) over longer
+# contexts: 300, 517 and 129 keys end inside a program's 2nd/3rd tile and inside a tile (tiles of
+# 128 keys, max_model_len 700 cuts the last one), 0 keys writes nothing; -1 past each request's
+# blocks in the table.
+PAGED_TILE_CTX = [300, 0, 517, 129]
+PAGED_TILE_MAX_LEN = 700
+
+
+def paged_written(ctx: torch.Tensor, b: int, next_n: int, max_len: int, block_n: int):
+    """[b * next_n, max_len] bool: what clean_logits=False must write (and nothing else): every
+    key tile (block_n keys) of a request up to the one holding its largest row limit."""
     from vllm_sparse_mla.kernels import reference as ref
 
+    lim = ref.paged_row_limits(ctx.cpu(), b, next_n).view(b, next_n).clamp(0, max_len)
+    end = ((lim.max(dim=1).values + block_n - 1) // block_n * block_n).clamp_max(max_len)
+    cols = torch.arange(max_len)[None, :] < end[:, None]  # [b, max_len]
+    return cols.repeat_interleave(next_n, dim=0)
+
+
+def run_paged(name: str, device: str) -> dict[str, torch.Tensor]:
+    from dataclasses import replace
+
+    from vllm_sparse_mla.kernels import paged_mqa_logits, paged_mqa_logits_metadata
+    from vllm_sparse_mla.kernels import reference as ref
+    from vllm_sparse_mla.kernels._configs import PAGED_LOGITS_CONFIG
+
     # paged_n<k>_...: next_n = k query rows per request (1 + speculative tokens, causal)
-    next_n = int(name.split("_")[1].removeprefix("n"))
-    ctx = torch.tensor([5, 128, 70], dtype=torch.int32)
+    parts = name.split("_")
+    next_n = int(parts[1].removeprefix("n"))
+    tiles = next((int(p[1:]) for p in parts[2:] if p[0] == "t" and p[1:].isdigit()), None)
+    cfg = replace(PAGED_LOGITS_CONFIG, tiles_per_program=tiles or 1)
+    if tiles is None:
+        ctx, n_blocks, max_len, pad = torch.tensor([5, 128, 70]), 9, 200, False
+    else:
+        ctx, n_blocks, max_len, pad = torch.tensor(PAGED_TILE_CTX), 44, PAGED_TILE_MAX_LEN, True
+    b = ctx.shape[0]
     if "ctx2d" in name:
-        ctx = torch.stack([ctx - (next_n - 1 - j) for j in range(next_n)], 1).to(torch.int32)
-    q, cache, w, ctx, bt = paged_inputs(3, next_n, ctx, 9, device)
+        ctx = torch.stack([ctx - (next_n - 1 - j) for j in range(next_n)], 1)
+    q, cache, w, ctx, bt = paged_inputs(b, next_n, ctx.to(torch.int32), n_blocks, device,
+                                        pad_tables=pad)  # fmt: skip
     meta = paged_mqa_logits_metadata(ctx, 64, 4)
-    max_len = 200
     clean = name.endswith("clean")
-    out = paged_mqa_logits((q, None), cache, w, ctx, bt, meta, max_len, clean_logits=clean)
-    return {"out": out.cpu(), "ref": ref.paged_mqa_logits(q, cache, w, ctx, bt, max_len).cpu()}
+    out = nan_like((b * next_n, max_len), torch.float32, device)
+    res = paged_mqa_logits((q, None), cache, w, ctx, bt, meta, max_len, clean_logits=clean,
+                           out=out, config=cfg)  # fmt: skip
+    block_n = max(cfg.block_n, cache.shape[1])
+    return {
+        "out": out.cpu(),
+        "ref": ref.paged_mqa_logits(q, cache, w, ctx, bt, max_len).cpu(),
+        "written": paged_written(ctx, b, next_n, max_len, block_n),
+        "same_object": torch.tensor(res is out),
+    }
 
 
 # Triton radix top-k: name -> (M, N, topk, topk_logits options, row starts, row ends)
@@ -164,6 +201,13 @@ CASES: dict[str, Callable[[str, str], dict[str, torch.Tensor]]] = {
     "paged_n3_clean": run_paged,  # MTP k=2: 3 rows per request (NEXT_N_PAD 4, one row masked)
     "paged_n4_clean": run_paged,  # MTP k=3
     "paged_n4_ctx2d_raw": run_paged,
+    "paged_n2_t1_raw": run_paged,  # the long contexts at the default one tile per program
+    "paged_n1_t2_raw": run_paged,
+    "paged_n1_t3_clean": run_paged,
+    "paged_n2_t2_clean": run_paged,  # MTP k=1
+    "paged_n3_t3_raw": run_paged,  # MTP k=2 (NEXT_N_PAD 4)
+    "paged_n2_ctx2d_t3_raw": run_paged,
+    "paged_n4_ctx2d_t2_clean": run_paged,
     **{f"topk_{n}": run_topk for n in TOPK_CASES},
 }
 

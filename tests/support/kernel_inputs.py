@@ -139,9 +139,20 @@ def mqa_inputs(m: int, n: int, ks, ke, device="cpu", seed: int = 1):
     return [x.to(device) for x in (q, k, sc, w, ks, ke)]
 
 
-def paged_inputs(b: int, next_n: int, ctx, n_blocks: int, device="cpu", *, block_size=64, seed=2):
+def paged_inputs(
+    b: int,
+    next_n: int,
+    ctx,
+    n_blocks: int,
+    device="cpu",
+    *,
+    block_size=64,
+    pad_tables: bool = False,
+    seed=2,
+):
     """(q [b, next_n, 32, 128] fp8, cache uint8 [n_blocks, block_size, 1, 132], weights,
-    context_lens, block_tables [b, n_blocks // b]) for paged_mqa_logits."""
+    context_lens, block_tables [b, n_blocks // b]) for paged_mqa_logits. pad_tables: the table
+    entries past each request's last key -1 (a kernel that reads them faults or reads garbage)."""
     g = torch.Generator().manual_seed(seed)
     d = IDX_D
     q = fp8(torch.randn(b, next_n, IDX_H, d, generator=g))
@@ -152,6 +163,10 @@ def paged_inputs(b: int, next_n: int, ctx, n_blocks: int, device="cpu", *, block
     bt = torch.randperm(n_blocks, generator=g)[: b * max_blocks].view(b, max_blocks)
     w = torch.randn(b * next_n, IDX_H, generator=g) * 0.1
     ctx = torch.as_tensor(ctx, dtype=torch.int32)
+    if pad_tables:
+        last = ctx.reshape(b, -1).max(dim=1).values.clamp_min(0)  # keys of each request
+        used = (last + block_size - 1) // block_size
+        bt[torch.arange(max_blocks)[None, :] >= used[:, None]] = -1
     return [x.to(device) for x in (q, cache, w, ctx, bt.to(torch.int32))]
 
 

@@ -64,11 +64,13 @@ def _main_loop(ttgir: str) -> str | None:
     return ttgir[start:]
 
 
-def pipelining(ttgir: str, block_n: int) -> tuple[int | None, bool | None, int | None]:
-    """(ring depth of the [*, block_n, 512] row buffer (fp8 rows: [*, block_n, 128] i32), full
-    wait in the loop, cp.async count)."""
+def pipelining(
+    ttgir: str, block_n: int, row: str | None = None
+) -> tuple[int | None, bool | None, int | None]:
+    """(ring depth of the [*, block_n, 512] row buffer (fp8 rows: [*, block_n, 128] i32; ``row``:
+    another buffer's row type, a regex), full wait in the loop, cp.async count)."""
     # fp8_ds_mla rows: the latent bytes are gathered as [block_n, 128] int32 words
-    row = rf"(?:{D_LATENT}x[a-z0-9]+|{D_LATENT // 4}xi32)"
+    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|{D_LATENT // 4}xi32)"
     depths = [
         int(m.group(1)) for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{row},[^>]*mutable", ttgir)
     ]
@@ -82,10 +84,11 @@ def pipelining(ttgir: str, block_n: int) -> tuple[int | None, bool | None, int |
 
 def compile_for_sm120(
     name: str, fn, args: dict[str, object], constexprs: dict[str, object], num_warps: int,
-    num_stages: int, block_n: int | None = None,
+    num_stages: int, block_n: int | None = None, row: str | None = None,
 ) -> FitResult:  # fmt: skip
     """args: name -> "*fp16"-style pointer type (16-byte aligned) or an int/float value, which
-    gets the runtime's specialisation (int % 16 == 0 -> divisibility 16; == 1 -> constexpr)."""
+    gets the runtime's specialisation (int % 16 == 0 -> divisibility 16; == 1 -> constexpr).
+    block_n (and row): read the main loop's pipelining of that buffer (``pipelining``)."""
     signature: dict[str, str] = {}
     consts = dict(constexprs)
     attrs = {}
@@ -127,7 +130,7 @@ def compile_for_sm120(
     out = FitResult(name, int(compiled.metadata.shared), regs, local, num_warps)
     if block_n is not None:
         out.ring_depth, out.loop_full_wait, out.loop_async_copies = pipelining(
-            compiled.asm["ttgir"], block_n
+            compiled.asm["ttgir"], block_n, row
         )
     return out
 
@@ -145,8 +148,9 @@ def attention_plans(info: DeviceInfo = SM120, max_tokens: int = 8192):
 
 
 def launched_configs():
-    """Yield (name, fn, args, constexprs, num_warps, num_stages, block_n) for every
-    configuration the launchers can pick on sm_120 with GLM-5's shapes."""
+    """Yield (name, fn, args, constexprs, num_warps, num_stages, block_n[, row]) for every
+    configuration the launchers can pick on sm_120 with GLM-5's shapes, and the paged-logits
+    candidates the benchmark sweeps (_configs.PAGED_LOGITS_VARIANTS)."""
     # "fp8": the same plans over fp8_ds_mla cache rows (uint8, 656 B), dequantized in registers
     for dtype, fp8 in (("fp16", False), ("bf16", False), ("fp16", True), ("bf16", True)):
         row = FP8_ROW_BYTES if fp8 else 576
@@ -214,10 +218,15 @@ def launched_configs():
              BLOCK=indexer.TOPK_BLOCK),
         8, 2, None,
     )  # fmt: skip
-    c = _configs.PAGED_LOGITS_CONFIG
-    for next_n in (1, 2, 4):
+    # the default for next_n 1, 2, 4; the swept candidates at next_n 1 and 4 (the smallest and
+    # largest q tile bound the resource use), their key tile's ring read from the loop
+    paged = [(_configs.PAGED_LOGITS_CONFIG, n) for n in (1, 2, 4)]
+    paged += [(c, n) for c in _configs.PAGED_LOGITS_VARIANTS for n in (1, 4)]
+    for c, next_n in paged:
+        tiles = c.tiles_per_program
         yield (
-            f"paged_logits H=32 D=128 next_n={next_n} BN={c.block_n}",
+            f"paged_logits H=32 D=128 next_n={next_n} BN={c.block_n} tiles={tiles} "
+            f"w{c.num_warps} ns{c.num_stages}",
             indexer._paged_mqa_logits_kernel,
             {"q_ptr": "*u8", "kv_ptr": "*u8", "kv_f32_ptr": "*fp32", "w_ptr": "*fp32",
              "ctx_ptr": "*i32", "bt_ptr": "*i32", "out_ptr": "*fp32", "max_model_len": 202752,
@@ -225,8 +234,9 @@ def launched_configs():
              "stride_qh": 128, "stride_kvblk": 64 * 132, "stride_cb": next_n, "stride_cj": 1,
              "stride_btb": 3168, "stride_wm": 32, "stride_om": 202752},
             dict(NEXT_N=next_n, NEXT_N_PAD=next_n, CTX_1D=False, NUM_HEADS=32, D=128,
-                 KV_BLOCK=64, BLOCK_N=c.block_n, CLEAN=False, FP8_DOT=True),
-            c.num_warps, c.num_stages, None,
+                 KV_BLOCK=64, BLOCK_N=c.block_n, TILES_PER_PROGRAM=tiles, CLEAN=False,
+                 FP8_DOT=True),
+            c.num_warps, c.num_stages, None if tiles == 1 else c.block_n, r"128xi8",
         )  # fmt: skip
 
 
@@ -236,13 +246,13 @@ def fit_table() -> list[FitResult]:
 
 def format_table(rows: list[FitResult]) -> str:
     lines = [
-        f"kernel config (sm_120, triton {triton.__version__})".ljust(52)
+        f"kernel config (sm_120, triton {triton.__version__})".ljust(56)
         + f"{'shared B':>9} {'regs':>5} {'spill B':>7} {'ring':>5} {'loop wait0':>10}"
     ]
     for r in rows:
         ring = "-" if r.ring_depth is None else str(r.ring_depth)
         wait = "-" if r.loop_full_wait is None else ("YES" if r.loop_full_wait else "no")
-        lines.append(f"{r.name:52}{r.shared:9d} {r.registers:5d} {r.local:7d} {ring:>5} {wait:>10}")
+        lines.append(f"{r.name:56}{r.shared:9d} {r.registers:5d} {r.local:7d} {ring:>5} {wait:>10}")
     return "\n".join(lines)
 
 

@@ -11,7 +11,7 @@ pipelined 2+ deep).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._dims import D_QK
 
@@ -103,10 +103,24 @@ def attn_config(
 @dataclass(frozen=True)
 class IndexerConfig:
     block_m: int  # query tokens per program (prefill) / must cover next_n (paged)
-    block_n: int  # keys per program
+    block_n: int  # keys per program (paged: per key tile, tiles_per_program tiles a program)
     num_warps: int
     num_stages: int
+    # paged: consecutive key tiles per program, the next tile's block ids prefetched so the key
+    # loads can pipeline under the dot (issue 13). 1 (one tile, straight-line) until a GPU run
+    # of benchmarks/bench_kernels.py --sweep times 2 and 4 against it.
+    tiles_per_program: int = 1
 
 
 MQA_LOGITS_CONFIG = IndexerConfig(block_m=4, block_n=128, num_warps=4, num_stages=2)
 PAGED_LOGITS_CONFIG = IndexerConfig(block_m=1, block_n=128, num_warps=4, num_stages=2)
+# The paged-logits candidates benchmarks/bench_kernels.py --sweep times beside the default and
+# tests/kernels/test_sm120_fit.py cross-compiles: 2 and 4 key tiles per program (q loaded once per
+# program, the next tile's block ids prefetched), at the default 2 stages (one key buffer: the
+# next tile's copy is issued after this tile's dot) and at 3 (a 2-deep cp.async ring of key tiles,
+# the next tile in flight under this tile's dot; sm_120 TTGIR, triton 3.6).
+PAGED_LOGITS_VARIANTS: tuple[IndexerConfig, ...] = tuple(
+    replace(PAGED_LOGITS_CONFIG, num_stages=stages, tiles_per_program=tiles)
+    for tiles in (2, 4)
+    for stages in (2, 3)
+)

@@ -19,6 +19,12 @@ Layouts (as ``vllm/utils/deep_gemm.py`` documents and ``sparse_attn_indexer.py``
 vLLM passes) only key tiles that intersect a row's range are written (-inf where masked inside
 them); the rest is left as allocated, as DeepGEMM does; vLLM's top-k bounds every row by its
 range anyway. Fixed grids, no host sync: CUDA-graph safe.
+
+Paged grid: (B, key tiles / tiles_per_program). With tiles_per_program > 1 (``IndexerConfig``)
+a program loads q once and loops over its consecutive key tiles, loading the next tile's block
+ids in the current iteration (loop-carried), so the key loads' addresses do not depend on a load
+of the same iteration and triton's pipeliner can keep the next key tile in flight (cp.async)
+under this tile's dot; tiles past the request's range are skipped (or -inf with clean_logits).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import triton
 import triton.language as tl
 
 from ._capability import device_info
-from ._configs import MQA_LOGITS_CONFIG, PAGED_LOGITS_CONFIG
+from ._configs import MQA_LOGITS_CONFIG, PAGED_LOGITS_CONFIG, IndexerConfig
 
 
 @triton.jit
@@ -105,6 +111,76 @@ def _mqa_logits_kernel(
 
 
 @triton.jit
+def _paged_q_w(
+    q_ptr,
+    w_ptr,
+    i_b,
+    stride_qb,
+    stride_qj,
+    stride_qh,
+    stride_wm,
+    NEXT_N: tl.constexpr,
+    NEXT_N_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    D: tl.constexpr,
+    FP8_DOT: tl.constexpr,
+):
+    """The request's query rows as a [NEXT_N_PAD * NUM_HEADS, D] dot operand (token-major,
+    head-minor; padded rows 0) and their [NEXT_N_PAD * NUM_HEADS] weights."""
+    ROWS: tl.constexpr = NEXT_N_PAD * NUM_HEADS
+    o_r = tl.arange(0, ROWS)
+    r_j = o_r // NUM_HEADS
+    r_h = o_r % NUM_HEADS
+    m_r = r_j < NEXT_N
+    o_d = tl.arange(0, D)
+    # [ROWS, D]
+    p_q = q_ptr + i_b * stride_qb + r_j[:, None] * stride_qj + r_h[:, None] * stride_qh
+    b_q = _to_dot_operand(tl.load(p_q + o_d[None, :], mask=m_r[:, None], other=0), FP8_DOT)
+    b_w = tl.load(w_ptr + (i_b * NEXT_N + r_j) * stride_wm + r_h, mask=m_r, other=0.0)
+    return b_q, b_w
+
+
+@triton.jit
+def _paged_block_ids(bt_ptr, i_b, stride_btb, max_blocks, o_n, m_k, KV_BLOCK: tl.constexpr):
+    # [BLOCK_N] physical block of each key position (masked lanes: block 0, never read)
+    i_lblk = o_n // KV_BLOCK
+    m_blk = m_k & (i_lblk < max_blocks)
+    return tl.load(bt_ptr + i_b * stride_btb + i_lblk, mask=m_blk, other=0).to(tl.int64)
+
+
+@triton.jit
+def _paged_tile_logits(
+    kv_ptr,
+    kv_f32_ptr,
+    stride_kvblk,
+    b_q,
+    b_w,
+    b_blk,
+    o_n,
+    m_k,
+    NEXT_N_PAD: tl.constexpr,
+    NUM_HEADS: tl.constexpr,
+    D: tl.constexpr,
+    KV_BLOCK: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    FP8_DOT: tl.constexpr,
+):
+    """[NEXT_N_PAD, BLOCK_N] logits of one key tile (before causal masking)."""
+    o_d = tl.arange(0, D)
+    i_pos = o_n % KV_BLOCK
+    # [BLOCK_N, D] fp8 keys, then [BLOCK_N] fp32 scales after the block's values
+    p_k = kv_ptr + b_blk[:, None] * stride_kvblk + i_pos[:, None] * D + o_d[None, :]
+    b_k = _to_dot_operand(tl.load(p_k, mask=m_k[:, None], other=0), FP8_DOT)
+    p_sc = kv_f32_ptr + b_blk * (stride_kvblk // 4) + (KV_BLOCK * D) // 4 + i_pos
+    b_scale = tl.load(p_sc, mask=m_k, other=0.0)
+    # [ROWS, BLOCK_N]
+    b_s = tl.dot(b_q, tl.trans(b_k))
+    b_s = tl.maximum(b_s, 0.0) * b_w[:, None]
+    b_logit = tl.sum(tl.reshape(b_s, [NEXT_N_PAD, NUM_HEADS, BLOCK_N]), axis=1)
+    return b_logit * b_scale[None, :]
+
+
+@triton.jit
 def _paged_mqa_logits_kernel(
     q_ptr,
     kv_ptr,
@@ -131,10 +207,12 @@ def _paged_mqa_logits_kernel(
     D: tl.constexpr,
     KV_BLOCK: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TILES_PER_PROGRAM: tl.constexpr,
     CLEAN: tl.constexpr,
     FP8_DOT: tl.constexpr,
 ):
     tl.static_assert(BLOCK_N % KV_BLOCK == 0)
+    tl.static_assert(TILES_PER_PROGRAM >= 1)
     i_b = tl.program_id(0).to(tl.int64)
     pid_n = tl.program_id(1)
     o_j = tl.arange(0, NEXT_N_PAD)
@@ -146,42 +224,68 @@ def _paged_mqa_logits_kernel(
         b_lim = tl.load(ctx_ptr + i_b * stride_cb + o_j * stride_cj, mask=m_j, other=0)
     b_lim = tl.where(m_j, tl.minimum(b_lim, max_model_len), 0)
     hi = tl.max(b_lim, axis=0)
-    o_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    m_n = o_n < max_model_len
-    # [NEXT_N_PAD, BLOCK_N]
-    p_o = out_ptr + (i_b * NEXT_N + o_j[:, None]) * stride_om + o_n[None, :]
-    m_o = m_j[:, None] & m_n[None, :]
-    if pid_n * BLOCK_N < hi:
-        ROWS: tl.constexpr = NEXT_N_PAD * NUM_HEADS
-        o_r = tl.arange(0, ROWS)
-        r_j = o_r // NUM_HEADS
-        r_h = o_r % NUM_HEADS
-        m_r = r_j < NEXT_N
-        o_d = tl.arange(0, D)
-        # [ROWS, D]
-        p_q = q_ptr + i_b * stride_qb + r_j[:, None] * stride_qj + r_h[:, None] * stride_qh
-        b_q = _to_dot_operand(tl.load(p_q + o_d[None, :], mask=m_r[:, None], other=0), FP8_DOT)
-        # [BLOCK_N] physical block of each key position
-        m_k = o_n < hi
-        i_lblk = o_n // KV_BLOCK
-        b_blk = tl.load(bt_ptr + i_b * stride_btb + i_lblk, mask=m_k & (i_lblk < max_blocks),
-                        other=0).to(tl.int64)  # fmt: skip
-        i_pos = o_n % KV_BLOCK
-        # [BLOCK_N, D] fp8 keys, then [BLOCK_N] fp32 scales after the block's values
-        p_k = kv_ptr + b_blk[:, None] * stride_kvblk + i_pos[:, None] * D + o_d[None, :]
-        b_k = _to_dot_operand(tl.load(p_k, mask=m_k[:, None], other=0), FP8_DOT)
-        p_sc = kv_f32_ptr + b_blk * (stride_kvblk // 4) + (KV_BLOCK * D) // 4 + i_pos
-        b_scale = tl.load(p_sc, mask=m_k, other=0.0)
-        # [ROWS, BLOCK_N]
-        b_s = tl.dot(b_q, tl.trans(b_k))
-        b_w = tl.load(w_ptr + (i_b * NEXT_N + r_j) * stride_wm + r_h, mask=m_r, other=0.0)
-        b_s = tl.maximum(b_s, 0.0) * b_w[:, None]
-        b_logit = tl.sum(tl.reshape(b_s, [NEXT_N_PAD, NUM_HEADS, BLOCK_N]), axis=1)
-        b_logit = b_logit * b_scale[None, :]
-        m_valid = o_n[None, :] < b_lim[:, None]
-        tl.store(p_o, tl.where(m_valid, b_logit, float("-inf")), mask=m_o)
-    elif CLEAN:
-        tl.store(p_o, tl.full([NEXT_N_PAD, BLOCK_N], float("-inf"), tl.float32), mask=m_o)
+    # [NEXT_N_PAD, 1] output rows of this request
+    p_row = out_ptr + (i_b * NEXT_N + o_j[:, None]) * stride_om
+    # the program's first key; tile t covers [n_start + t * BLOCK_N, + BLOCK_N)
+    n_start = pid_n * (TILES_PER_PROGRAM * BLOCK_N)
+    o_n = n_start + tl.arange(0, BLOCK_N)
+    if TILES_PER_PROGRAM == 1:
+        # one tile, straight-line: the launch default until a GPU times the loop below
+        m_o = m_j[:, None] & (o_n < max_model_len)[None, :]
+        if n_start < hi:
+            b_q, b_w = _paged_q_w(
+                q_ptr, w_ptr, i_b, stride_qb, stride_qj, stride_qh, stride_wm,
+                NEXT_N, NEXT_N_PAD, NUM_HEADS, D, FP8_DOT,
+            )  # fmt: skip
+            m_k = o_n < hi
+            b_blk = _paged_block_ids(bt_ptr, i_b, stride_btb, max_blocks, o_n, m_k, KV_BLOCK)
+            b_logit = _paged_tile_logits(
+                kv_ptr, kv_f32_ptr, stride_kvblk, b_q, b_w, b_blk, o_n, m_k,
+                NEXT_N_PAD, NUM_HEADS, D, KV_BLOCK, BLOCK_N, FP8_DOT,
+            )  # fmt: skip
+            m_valid = o_n[None, :] < b_lim[:, None]
+            tl.store(p_row + o_n[None, :], tl.where(m_valid, b_logit, float("-inf")), mask=m_o)
+        elif CLEAN:
+            tl.store(p_row + o_n[None, :], tl.full([NEXT_N_PAD, BLOCK_N], float("-inf"),
+                     tl.float32), mask=m_o)  # fmt: skip
+    else:
+        # tiles of this program that intersect the request's key range: 0 .. n_tiles - 1
+        n_tiles = tl.where(
+            n_start < hi, tl.minimum(tl.cdiv(hi - n_start, BLOCK_N), TILES_PER_PROGRAM), 0
+        )
+        if n_tiles > 0:
+            # loaded once for all the program's tiles
+            b_q, b_w = _paged_q_w(
+                q_ptr, w_ptr, i_b, stride_qb, stride_qj, stride_qh, stride_wm,
+                NEXT_N, NEXT_N_PAD, NUM_HEADS, D, FP8_DOT,
+            )  # fmt: skip
+            b_blk = _paged_block_ids(bt_ptr, i_b, stride_btb, max_blocks, o_n, o_n < hi, KV_BLOCK)
+            for t in tl.range(0, n_tiles):
+                m_k = o_n < hi
+                b_logit = _paged_tile_logits(
+                    kv_ptr, kv_f32_ptr, stride_kvblk, b_q, b_w, b_blk, o_n, m_k,
+                    NEXT_N_PAD, NUM_HEADS, D, KV_BLOCK, BLOCK_N, FP8_DOT,
+                )  # fmt: skip
+                # the next tile's block ids, loaded in this iteration and carried: the key load's
+                # addresses never wait on a load of their own iteration, so from num_stages 3 the
+                # pipeliner keeps tile t+1's keys in flight (2-deep cp.async ring) under tile t's
+                # dot; at 2 stages it has one buffer, refilled after the dot (sm_120 TTGIR, issue
+                # 13; the same prefetch the attention gather needed)
+                o_next = o_n + BLOCK_N
+                m_next = (o_next < hi) & (t + 1 < n_tiles)
+                b_blk = _paged_block_ids(bt_ptr, i_b, stride_btb, max_blocks, o_next, m_next,
+                                         KV_BLOCK)  # fmt: skip
+                m_o = m_j[:, None] & (o_n < max_model_len)[None, :]
+                m_valid = o_n[None, :] < b_lim[:, None]
+                tl.store(p_row + o_n[None, :], tl.where(m_valid, b_logit, float("-inf")), mask=m_o)
+                o_n = o_next
+        if CLEAN:
+            # the program's tiles past the range (all of them when it starts past it)
+            for t in tl.range(n_tiles, TILES_PER_PROGRAM):
+                o_c = n_start + t * BLOCK_N + tl.arange(0, BLOCK_N)
+                m_o = m_j[:, None] & (o_c < max_model_len)[None, :]
+                tl.store(p_row + o_c[None, :], tl.full([NEXT_N_PAD, BLOCK_N], float("-inf"),
+                         tl.float32), mask=m_o)  # fmt: skip
 
 
 def _fp8_dot(device: torch.device) -> bool:
@@ -286,6 +390,7 @@ def paged_mqa_logits(
     clean_logits: bool = True,
     *,
     out: torch.Tensor | None = None,
+    config: IndexerConfig | None = None,
 ) -> torch.Tensor:
     """Indexer logits over the paged fp8 key cache (decode); drop-in for DeepGEMM
     ``fp8_fp4_paged_mqa_logits`` (FP8 path).
@@ -294,7 +399,9 @@ def paged_mqa_logits(
     [num_blocks, block_size, 1, D + 4] (or [num_blocks, block_size, D + 4]); weights
     [B * next_n, H] float32; context_lens int32 [B] (row j of a request sees
     ctx - next_n + j + 1 keys), [B, next_n] (per-row limit) or [B, 1]; block_tables
-    [B, max_blocks] int32; schedule_metadata is accepted and ignored. Returns
+    [B, max_blocks] int32 (entries past a request's context are never read: -1 is fine);
+    schedule_metadata is accepted and ignored. ``config``: launch config, default
+    ``PAGED_LOGITS_CONFIG`` (tests and the benchmark's sweep pass others). Returns
     [B * next_n, max_model_len] float32 (``out`` if given).
     """
     q = _unpack_q(q)
@@ -329,11 +436,16 @@ def paged_mqa_logits(
         raise ValueError(f"out must be [{rows}, {max_model_len}] float32")
     if rows == 0:
         return out
-    cfg = PAGED_LOGITS_CONFIG
+    cfg = PAGED_LOGITS_CONFIG if config is None else config
+    if not isinstance(cfg, IndexerConfig):
+        raise TypeError(f"config must be an IndexerConfig, got {type(cfg).__name__}")
+    if cfg.tiles_per_program < 1:
+        raise ValueError(f"config.tiles_per_program must be >= 1, got {cfg.tiles_per_program}")
     block_n = max(cfg.block_n, kv_block)
     # fp32 alias of the same bytes, for the scales (needs 4-byte aligned strides, checked above)
     kv_f32 = kv_cache.view(torch.float32)
-    grid = (b, triton.cdiv(max_model_len, block_n))
+    tiles = cfg.tiles_per_program
+    grid = (b, triton.cdiv(triton.cdiv(max_model_len, block_n), tiles))
     _paged_mqa_logits_kernel[grid](
         q.view(torch.uint8),
         kv_cache,
@@ -360,6 +472,7 @@ def paged_mqa_logits(
         D=d,
         KV_BLOCK=kv_block,
         BLOCK_N=block_n,
+        TILES_PER_PROGRAM=tiles,
         CLEAN=bool(clean_logits),
         FP8_DOT=_fp8_dot(q.device),
         num_warps=cfg.num_warps,
