@@ -407,8 +407,43 @@ def topk_agree(torch, got, logits, ends):
     return True
 
 
+def paged_plan(cfg) -> str:
+    return (f"BN={cfg.block_n} tiles={cfg.tiles_per_program} w={cfg.num_warps} "
+            f"ns={cfg.num_stages}")  # fmt: skip
+
+
+def bench_paged_variants(torch, args, sets, ctx_len, byts, copy_tbs, base, rows_out):
+    """Time the paged-logits candidates (_configs.PAGED_LOGITS_VARIANTS: 2 and 4 key tiles per
+    program) on the default's inputs; agrees: the -inf pattern and logits of the default, set 0."""
+    from vllm_sparse_mla.kernels import paged_mqa_logits
+    from vllm_sparse_mla.kernels._configs import PAGED_LOGITS_VARIANTS
+
+    s0 = sets[0]
+    want = paged_mqa_logits((s0[0], None), *s0[1:5], None, ctx_len, True)
+    for cfg in PAGED_LOGITS_VARIANTS:
+        if time.monotonic() > args.sweep_deadline:
+            print("indexer sweep: --sweep-budget-s spent, skipping the rest", flush=True)
+            return
+        vcalls = [partial(paged_mqa_logits, (s[0], None), *s[1:5], None, ctx_len, False,
+                          out=s[5], config=cfg) for s in sets]  # fmt: skip
+        try:
+            vus = graph_time_us(torch, vcalls)
+            got = paged_mqa_logits((s0[0], None), *s0[1:5], None, ctx_len, True, config=cfg)
+        except Exception as exc:  # report and keep sweeping
+            print(f"variant {cfg} failed: {exc!r}"[:300], flush=True)
+            continue
+        fin = torch.isfinite(want)
+        ok = bool(torch.equal(torch.isneginf(got), torch.isneginf(want))) and bool(
+            torch.allclose(got[fin], want[fin], rtol=1e-4, atol=1e-2)
+        )
+        _emit(rows_out, dict(base, impl="variant paged_mqa_logits", op="logits", us=vus,
+                             pct_copy=100 * byts / vus / 1e6 / copy_tbs, plan=paged_plan(cfg),
+                             agrees=ok))  # fmt: skip
+
+
 def bench_indexer(torch, args, copy_tbs, vllm_ops, rows_out):
     from vllm_sparse_mla.kernels import mqa_logits, paged_mqa_logits, topk_indices
+    from vllm_sparse_mla.kernels._configs import PAGED_LOGITS_CONFIG
 
     h, d = 32, 128
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -427,7 +462,10 @@ def bench_indexer(torch, args, copy_tbs, vllm_ops, rows_out):
             byts = per_set + b * ctx_len * 4
             base = {"kind": f"B={b} ctx={ctx_len}", "batch": b, "ctx": ctx_len}
             _emit(rows_out, dict(base, impl="ours paged_mqa_logits", op="logits", us=us,
-                                 pct_copy=100 * byts / us / 1e6 / copy_tbs))  # fmt: skip
+                                 pct_copy=100 * byts / us / 1e6 / copy_tbs,
+                                 plan=paged_plan(PAGED_LOGITS_CONFIG)))  # fmt: skip
+            if args.sweep:
+                bench_paged_variants(torch, args, sets, ctx_len, byts, copy_tbs, base, rows_out)
             for s in sets:  # realistic logits for the top-k
                 paged_mqa_logits((s[0], None), *s[1:5], None, ctx_len, True, out=s[5])
             outs = [torch.empty(b, TOPK, dtype=torch.int32, device="cuda") for _ in sets]
@@ -605,6 +643,7 @@ def print_table(rows, copy_tbs, mm):
         extra = f"{r['pct_copy']:.0f}% copy BW" if "pct_copy" in r else ""
         extra += f" {r['tflops']:.0f} TFLOP/s" if "tflops" in r else ""
         extra += f" agrees={r['agrees']}" if "agrees" in r else ""
+        extra += f" {r['plan']}" if r.get("plan") else ""
         print(f"| {r['op']} | {r['kind']} | {r['impl']} | {r['us']:.1f} | {extra} |")
     if MISSING:
         print("\ncolumns not filled:")
@@ -619,7 +658,12 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--quick", action="store_true", help="fewer shapes (default: %(default)s)")
-    p.add_argument("--sweep", action="store_true", help="also time config variants")
+    p.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also time config variants (attention plans; paged indexer logits with 2 and 4 "
+        "key tiles per program)",
+    )
     p.add_argument(
         "--fp8",
         action="store_true",
