@@ -129,6 +129,27 @@ def test_mtp_estimate_by_hand() -> None:
     assert "speedup_a0.8" not in k2["pessimistic_full_head"] and "K = 1 only" in k2["speedup"]
 
 
+def test_mtp_kernel_estimate_splits_the_verify_extra_by_family() -> None:
+    target = {"attention": 50.0, "other": 300.0, "moe_gguf": 100.0, "lm_head": 400.0}
+    verify = {"attention": 56.0, "other": 330.0, "moe_gguf": 160.0, "lm_head": 800.0,
+              "dense_gguf": -6.0}  # fmt: skip
+    m = bs.mtp_kernel_estimate(EST78, target_fam=target, verify_fam=verify, draft_gpu_us=500.0,
+                               draft_head_us=400.0, n_layers=6, n_moe=3)  # fmt: skip
+    assert m["delta_us"]["lm_head"] == 400.0 and m["delta_us"]["dense_gguf"] == -6.0
+    full = m["kernels_full_head"]
+    # per-layer extra 6 + 30 - 6 = 30: 15000 + 400 (head, once) + 60 x 75 / 3 + 30 x 78 / 6 = 17290
+    assert full["verify_78_us"] == 17290.0
+    assert full["verify_78_arithmetic"] == (
+        "15000.0 + 400.0 (head) + 60.0 x 75 / 3 + 30.0 x 78 / 6 = 17290.0"
+    )
+    assert full["draft_ratio"] == 0.0333 and not full["meets_2_78"]  # 500 / 15000
+    assert full["speedup_a0.8"]["h200"] == 1.518  # 1.8 x 15000 / (17290 + 500) = 1.5177
+    tp8 = m["kernels_tp8_head"]
+    # head cut to 1/8: target 15000 - 350, verify's head extra 400 - 350, draft 500 - 350
+    assert (tp8["target_78_us"], tp8["verify_78_us"], tp8["draft_us"]) == (14650.0, 16590.0, 150.0)
+    assert tp8["meets_2_78"] and tp8["speedup_a0.9"]["h200"] == 1.663  # 1.9 x 14650 / 16740
+
+
 def fake_mtp_result(tmp_path: Path) -> Path:
     """A results JSON as parent_main writes it for one MTP case on the tiny view."""
     breakdown = {"attention": 60.0, "dense_gguf": 600.0, "moe_gguf": 120.0, "lm_head": 400.0,
