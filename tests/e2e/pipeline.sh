@@ -30,7 +30,9 @@
 #   reference   tests/e2e/reference_check.py, after indexshare (needs its capture.json and
 #               topk.pt, not the server): the served greedy tokens and prompt logprobs vs an
 #               independent float64 forward of the merged GGUF (tests/support/glm5_reference.py),
-#               judged against vLLM's own backend spread (REFERENCE_SPREAD) -> $OUT/reference.json
+#               judged against the larger of vLLM's own backend spread (REFERENCE_SPREAD) and
+#               the reference's own sensitivity in the served arithmetic (float16 + the Q8_1
+#               activations of vLLM's GGUF kernels) -> $OUT/reference.json
 # Every invocation ends with a report: $OUT/summary.json (step times and statuses, failure
 # messages, smoke figures), $OUT/server.log, $OUT/logs.tgz (every log), at most 8 files.
 #

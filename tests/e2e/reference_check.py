@@ -22,23 +22,32 @@ each prompt + the served tokens, then:
   the teacher-forced reference IS its own greedy run; after a divergence nothing is compared (the
   two continuations are different texts), and the output says so;
 - top-k (--topk, report only): per layer, how many of prompt 0's rows select the same key set;
-- sensitivity (report only): the same reference in float16 (--sensitivity-dtype) vs float64, how
-  far rounding alone moves this random-weight MoE model (router and top-k flips amplify it).
+- sensitivity: the same reference in the served arithmetic vs float64, how far rounding alone
+  moves this random-weight MoE model (router and top-k flips amplify it): float16
+  (--sensitivity-dtype) with every quantised GGUF weight's input rounded to 8 bits as vLLM's
+  GGUF kernels round it (--act-quant gguf: ggml_mul_mat_a8 / ggml_moe_a8 quantise activations
+  to Q8_1, blocks of 32 with one scale, so a Q8_0 GGUF is served W8A8, not W8A16).
 
 The spread is vLLM's own backend-to-backend spread on prompt logprobs in the dense region: from
 --spread-capture (the same capture served by another backend in the same run) when given,
 otherwise the plugin proof's committed figure (--spread-json, floor --spread-floor, measured on
-positions < index_topk too), named in the output. Its sparse region is not comparable: there the
-served indexer scores fp8 q and keys (vLLM's Indexer quantises them before either MQA-logits
-path) and the reference float64 ones, so near-tied keys at the top-k boundary swap; the
-counterfactuals judge that region.
-Verdict: dense median and p90 within FLOOR_FACTOR x the spread's (the plugin proof's rule,
-tests/e2e/plugin_proof.py) and the sparse region closer than every counterfactual. Greedy
-divergences are reported, with the reference's margin and whether it is within the spread's
-max, not judged: the plugin proof does the same with its own, and every generated token sits in
-the sparse region (measured here on CPU: a float16 run of this reference, nothing else changed,
-diverges from the float64 one with margins up to 2.9, beyond the committed spread's max 1.4).
-Exit: 0 within the spread; 1 outside it, or an error (one line); 2 usage.
+positions < index_topk too), named in the output. That figure comes from another model (3
+layers, unquantised weights, fp16 vs bf16), so it is not this model's noise: the judged floor is
+per quantile the larger of the spread and the sensitivity on the same dense positions (measured
+on the 7-layer GLM-5.2 Q8_0 GGUF: served vs float64 median 0.105 p90 0.689; six realisations of
+the float16/float64 + Q8_1 reference vs float64: median 0.099-0.121, p90 0.547-0.800; float16
+alone 0.007/0.025; a wrong rope, routing scale or expert count moves it by median > 1.1). Its
+sparse region is not comparable: there the served indexer scores fp8 q and keys (vLLM's Indexer
+quantises them before either MQA-logits path) and the reference float64 ones, so near-tied keys
+at the top-k boundary swap; the counterfactuals judge that region.
+Verdict: dense median and p90 within FLOOR_FACTOR x the floor's (the plugin proof's rule,
+tests/e2e/plugin_proof.py; with --sensitivity-dtype none the floor is the spread alone) and the
+sparse region closer than every counterfactual. Greedy divergences are reported, with the
+reference's margin and whether it is within the spread's max, not judged: the plugin proof does
+the same with its own, and every generated token sits in the sparse region (measured here on
+CPU: a float16 run of this reference, nothing else changed, diverges from the float64 one with
+margins up to 2.9, beyond the committed spread's max 1.4).
+Exit: 0 within the floor; 1 outside it, or an error (one line); 2 usage.
 """
 
 from __future__ import annotations
@@ -185,8 +194,24 @@ def spread_from_proof(path: Path, floor: str) -> dict[str, Any]:
     raise CheckError(f"{path}: no check with noise floor {floor!r}")
 
 
-def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, Any]:
-    """The verdict of every prompt's comparison against the spread (see the module docstring)."""
+def floor_of(spread: dict[str, Any], sensitivity: dict[str, Any] | None) -> dict[str, Any]:
+    """What the dense region is judged against: per quantile the larger of vLLM's spread and
+    this model's own sensitivity on the same positions (the spread alone without one)."""
+    if sensitivity is None:
+        return {"source": "spread"} | {q: spread[q] for q in ("median", "p90", "max")}
+    out: dict[str, Any] = {"source": "max(spread, sensitivity) per quantile"}
+    for q in ("median", "p90", "max"):
+        out[q] = max(spread[q], sensitivity[q])
+        out[f"{q}_from"] = "spread" if spread[q] >= sensitivity[q] else "sensitivity"
+    return out
+
+
+def judge(
+    results: list[dict[str, Any]], spread: dict[str, Any],
+    sensitivity: dict[str, Any] | None = None,
+) -> dict[str, Any]:  # fmt: skip
+    """The verdict of every prompt's comparison against the floor (see the module docstring):
+    ``sensitivity``, the served-arithmetic reference's dense-region quantiles, when measured."""
     every = quantiles([d for r in results for d in r["prompt_token_diffs"]])
     dense = quantiles([d for r in results for d in r["prompt_token_diffs"][: r["dense"]]])
     rest = [d for r in results for d in r["prompt_token_diffs"][r["dense"] :]]
@@ -196,7 +221,9 @@ def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, An
     divergences = [
         r["divergence"] | {"prompt": i} for i, r in enumerate(results) if r["divergence"]
     ]
-    dense_ok = all(dense[q] <= FLOOR_FACTOR * spread[q] for q in ("median", "p90"))
+    floor = floor_of(spread, sensitivity)
+    dense_ok = all(dense[q] <= FLOOR_FACTOR * floor[q] for q in ("median", "p90"))
+    spread_ok = all(dense[q] <= FLOOR_FACTOR * spread[q] for q in ("median", "p90"))
     sparse = quantiles(rest) if rest else None
     names = sorted({k for r in results for k in r["counterfactual_diffs"]})
     cf = {k: quantiles([d for r in results for d in r["counterfactual_diffs"].get(k, [])])
@@ -211,9 +238,11 @@ def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, An
         "prompt_logprobs": {
             "actual_token": every, "top1_choice": top,
             "top1_agree": sum(r["top1_agree"] for r in results), "positions": positions,
-            "dense": dense, "within_spread": dense_ok,
+            "dense": dense, "within_floor": dense_ok, "within_spread": spread_ok,
             "rule": f"dense region (queries < index_topk): median and p90 <= {FLOOR_FACTOR} x "
-            "the spread's (which is measured there too)",
+            "the floor's, per quantile the larger of the spread's and this model's own "
+            "sensitivity's (both measured there too); within_spread: against the spread alone "
+            "(reported)",
         },
         "index_share": {
             "sparse": sparse, "counterfactual": cf, "closer_than_every_counterfactual": share_ok,
@@ -234,6 +263,7 @@ def judge(results: list[dict[str, Any]], spread: dict[str, Any]) -> dict[str, An
             "note": "after a prompt's first divergence nothing more is compared",
         },
         "spread": spread,
+        "floor": floor,
     }  # fmt: skip
 
 
@@ -269,18 +299,22 @@ def counterfactual_sources(cfg: dict[str, Any]) -> list[int]:
 
 def run_reference(
     capture: dict[str, Any], gguf: Path, cfg: dict[str, Any], device: str,
-    sensitivity: str | None = None,
+    sensitivity: str | None = None, act_quant: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
     """Per prompt, teacher-forced on prompt + served tokens: the reference's log-prob rows
     ("rows"), the counterfactual references' ("counterfactuals": {name: rows}); prompt 0's top-k
-    rows ("topk0"); with ``sensitivity`` (a dtype name), |logprob change| of every prompt token
-    when the same reference runs in that arithmetic ("moved")."""
+    rows ("topk0"); with ``sensitivity`` (a dtype name), per prompt the |logprob change| of its
+    tokens 1..n-1 when the same reference runs in that arithmetic ("moved"), with ``act_quant``
+    the inputs of the GGUF's quantised weights rounded as vLLM's GGUF kernels round them
+    ("act_quant": how many weights)."""
     import torch
     from support import glm5_reference as ref
 
     w = ref.load_gguf(gguf, cfg)
     w = {k: v.to(device) for k, v in w.items()}
-    out: dict[str, Any] = {"rows": [], "counterfactuals": [], "topk0": {}, "moved": []}
+    aq = ref.gguf_quantized_names(gguf, cfg) if act_quant else []
+    out: dict[str, Any] = {"rows": [], "counterfactuals": [], "topk0": {}, "moved": [],
+                           "act_quant": len(aq)}  # fmt: skip
     with torch.no_grad():
         for i, run in enumerate(capture["runs"]):
             seq = list(run["prompt"]) + list(run.get("token_ids") or [])[:-1]
@@ -295,10 +329,12 @@ def run_reference(
                 for f in counterfactual_sources(cfg)
             })  # fmt: skip
             if sensitivity:
-                low = ref.forward(cfg, w, seq, device=device, dtype=getattr(torch, sensitivity))
+                low = ref.forward(cfg, w, seq, device=device, dtype=getattr(torch, sensitivity),
+                                  act_quant=aq)  # fmt: skip
                 n, ids = len(run["prompt"]), torch.tensor(run["prompt"][1:], device=lp.device)
                 pos = torch.arange(n - 1, device=lp.device)
-                out["moved"] += (ref.logprobs(low[0])[pos, ids] - lp[pos, ids]).abs().cpu().tolist()
+                moved = (ref.logprobs(low[0])[pos, ids] - lp[pos, ids]).abs().cpu().tolist()
+                out["moved"].append(moved)
     return out
 
 
@@ -314,8 +350,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="auto", help="cpu, cuda or auto (default)")
     p.add_argument("--sensitivity-dtype", choices=("float16", "bfloat16", "float32", "none"),
                    default="float16",
-                   help="also run the reference in this arithmetic (report only; default: "
-                   "%(default)s, the served dtype)")  # fmt: skip
+                   help="also run the reference in this arithmetic, the served one (default: "
+                   "%(default)s, the served dtype): the floor's sensitivity; none: the floor is "
+                   "the spread alone")  # fmt: skip
+    p.add_argument("--act-quant", choices=("gguf", "none"), default="gguf",
+                   help="in that run, round the input of every quantised GGUF weight to Q8_1 "
+                   "as vLLM's GGUF kernels do (default: %(default)s)")  # fmt: skip
     p.add_argument("--json", type=Path, required=True, help="the verdict (reference.json)")
     args = p.parse_args(argv)
     t0 = time.monotonic()
@@ -337,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         sens = None if args.sensitivity_dtype == "none" else args.sensitivity_dtype
-        got = run_reference(capture, args.gguf, cfg, device, sens)
+        got = run_reference(capture, args.gguf, cfg, device, sens, args.act_quant == "gguf")
         topk0, moved = got["topk0"], got["moved"]
         results = [
             compare_run(r, rows, cfg["index_topk"], cf)
@@ -345,12 +385,20 @@ def main(argv: list[str] | None = None) -> int:
                 capture["runs"], got["rows"], got["counterfactuals"], strict=True
             )
         ]
-        verdict = judge(results, spread)
+        sens_q = None
         if sens:
+            dense_moved = [d for r, m in zip(results, moved, strict=True) for d in m[: r["dense"]]]
+            sens_q = quantiles(dense_moved)
+        verdict = judge(results, spread, sens_q)
+        if sens:
+            arith = sens + (f" + Q8_1 inputs of {got['act_quant']} GGUF-quantised weights"
+                            if got["act_quant"] else "")  # fmt: skip
             verdict["sensitivity"] = {
-                "dtype": sens, "prompt_logprob_diff": quantiles(moved),
-                "note": f"the same reference in {sens} vs float64 on these prompts: how far "
-                "rounding alone moves this model's logprobs (report only, not vLLM's spread)",
+                "dtype": sens, "act_quant_weights": got["act_quant"], "arithmetic": arith,
+                "dense": sens_q, "prompt_logprob_diff": quantiles([d for m in moved for d in m]),
+                "note": f"the same reference in {arith} vs float64 on these prompts: how far "
+                "the served arithmetic's rounding alone moves this model's logprobs; 'dense' "
+                "(queries < index_topk) is the floor's sensitivity",
             }  # fmt: skip
         if args.topk:
             served = torch.load(args.topk)
@@ -370,12 +418,17 @@ def main(argv: list[str] | None = None) -> int:
     }  # fmt: skip
     args.json.write_text(json.dumps(verdict, indent=2) + "\n")
     pl, gr, ish = verdict["prompt_logprobs"], verdict["greedy"], verdict["index_share"]
-    dense, spr = pl["dense"], verdict["spread"]
+    dense, spr, flo = pl["dense"], verdict["spread"], verdict["floor"]
     line = (
         f"dense-region prompt logprobs |served - reference| median {dense['median']} p90 "
-        f"{dense['p90']} (n {dense['n']}) vs spread median {spr['median']} p90 {spr['p90']} "
-        f"({spr['measured']}, x{FLOOR_FACTOR}): {'ok' if pl['within_spread'] else 'OUTSIDE'}"
+        f"{dense['p90']} (n {dense['n']}) vs floor median {flo['median']} p90 {flo['p90']} "
+        f"(x{FLOOR_FACTOR}; spread median {spr['median']} p90 {spr['p90']}, {spr['measured']}"
     )
+    if "sensitivity" in verdict:
+        sq = verdict["sensitivity"]["dense"]
+        line += (f"; sensitivity {verdict['sensitivity']['arithmetic']} vs float64 there: "
+                 f"median {sq['median']} p90 {sq['p90']}")  # fmt: skip
+    line += f"): {'ok' if pl['within_floor'] else 'OUTSIDE'}"
     if ish["sparse"]:
         cf = ", ".join(f"{k} {q['median']}" for k, q in ish["counterfactual"].items())
         line += f"; sparse region median {ish['sparse']['median']} vs counterfactuals {cf}"
@@ -387,7 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if "sensitivity" in verdict:
         q = verdict["sensitivity"]["prompt_logprob_diff"]
-        line += f"; reference in {sens} vs float64: median {q['median']} p90 {q['p90']}"
+        line += (f"; reference in {verdict['sensitivity']['arithmetic']} vs float64, every "
+                 f"prompt position: median {q['median']} p90 {q['p90']}")  # fmt: skip
     if verdict["passed"]:
         print(f"reference check passed: {line}")
         return 0

@@ -219,3 +219,31 @@ def test_cli_usage_and_missing_capture(tmp_path: Path, capsys: pytest.CaptureFix
     assert rc_ == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: FileNotFoundError:")
+
+
+def test_the_floor_is_the_larger_of_spread_and_sensitivity() -> None:
+    sens = {"median": 0.2, "p90": 0.005, "max": 3.0, "n": 9}
+    floor = rc.floor_of(SPREAD, sens)
+    assert {k: floor[k] for k in ("median", "p90", "max")} == {"median": 0.2, "p90": 0.03,
+                                                               "max": 3.0}  # fmt: skip
+    assert (floor["median_from"], floor["p90_from"]) == ("sensitivity", "spread")
+    assert rc.floor_of(SPREAD, None)["source"] == "spread"
+
+
+def test_a_model_as_sensitive_as_the_served_arithmetic_is_judged_by_its_own_sensitivity() -> None:
+    """The GLM-5.2 e2e run's case: a Q8_0 GGUF is served W8A8 (vLLM's GGUF kernels round every
+    quantised weight's input to Q8_1), which moves this random model's dense-region logprobs ~10x
+    the committed fp16-vs-bf16 spread of another model; the reference in that arithmetic moves
+    them as much, so the served model is judged against that, the spread only reported."""
+    runs, refs = case(noise=0.2)
+    results = [rc.compare_run(r, f, TOPK) for r, f in zip(runs, refs, strict=True)]
+    assert rc.judge(results, SPREAD)["passed"] is False  # the spread alone: outside
+    sens = {"median": 0.12, "p90": 0.2, "max": 2.0, "n": 3 * TOPK}
+    v = rc.judge(results, SPREAD, sens)
+    pl = v["prompt_logprobs"]
+    assert v["passed"] is True and pl["within_floor"] is True and pl["within_spread"] is False
+    assert v["floor"]["median"] == 0.12 and v["floor"]["median_from"] == "sensitivity"
+    # ... and a served error well beyond its own sensitivity still fails
+    far, _ = case(noise=1.0)
+    results = [rc.compare_run(r, f, TOPK) for r, f in zip(far, refs, strict=True)]
+    assert rc.judge(results, SPREAD, sens)["prompt_logprobs"]["within_floor"] is False

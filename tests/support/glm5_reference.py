@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -112,20 +113,47 @@ def load_hf(hf_dir: Path, cfg: dict[str, Any] | None = None) -> dict[str, torch.
     return _check(cfg, w, str(hf_dir))
 
 
-def load_gguf(path: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """A converted GGUF's tensors dequantised to float64 under their HF names.
+def _gguf_open(path: Path, cfg: dict[str, Any]) -> tuple[Any, dict[str, list[str]]]:
+    """The GGUF's reader and, per HF weight name, the GGUF tensors it comes from.
 
     Names come from gguf-py's own table for the file's architecture (what llama.cpp's converter
-    used to name them); kv_b_proj is rebuilt from attn_k_b [H, kv_lora, nope] (transposed per
-    head) and attn_v_b [H, v_head, kv_lora], the inverse of the converter's split.
+    used to name them); kv_b_proj comes from attn_k_b and attn_v_b.
     """
     import gguf
-    import numpy as np
 
     reader = gguf.GGUFReader(str(path))
     arch = reader.fields["general.architecture"].contents()
     arch_id = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == arch)
     tmap = gguf.get_tensor_name_map(arch_id, cfg["num_hidden_layers"])
+    present = {t.name for t in reader.tensors}
+    src: dict[str, list[str]] = {}
+    for name in weight_names(cfg):
+        if name.endswith("kv_b_proj.weight"):
+            src[name] = [
+                tmap.get_name(name.replace("kv_b_proj.weight", half)) + ".weight"
+                for half in ("k_b_proj", "v_b_proj")
+            ]
+            continue
+        stem, _, suffix = name.rpartition(".")
+        if suffix == "e_score_correction_bias":  # gguf-py's stem for it ends "_correction"
+            stem, suffix = stem + ".e_score_correction", "bias"
+        gname = tmap.get_name(stem)
+        if gname is None or f"{gname}.{suffix}" not in present:
+            raise ValueError(f"{path}: no tensor for {name} ({gname}.{suffix})")
+        src[name] = [f"{gname}.{suffix}"]
+    return reader, src
+
+
+def load_gguf(path: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """A converted GGUF's tensors dequantised to float64 under their HF names.
+
+    kv_b_proj is rebuilt from attn_k_b [H, kv_lora, nope] (transposed per head) and attn_v_b
+    [H, v_head, kv_lora], the inverse of the converter's split.
+    """
+    import gguf
+    import numpy as np
+
+    reader, src = _gguf_open(path, cfg)
     tensors = {t.name: t for t in reader.tensors}
 
     def get(gname: str) -> torch.Tensor:
@@ -134,25 +162,61 @@ def load_gguf(path: Path, cfg: dict[str, Any]) -> dict[str, torch.Tensor]:
         return torch.from_numpy(data.copy())
 
     w: dict[str, torch.Tensor] = {}
-    for name in weight_names(cfg):
+    for name, gnames in src.items():
         if name.endswith("kv_b_proj.weight"):
-            k_b = get(tmap.get_name(name.replace("kv_b_proj.weight", "k_b_proj")) + ".weight")
-            v_b = get(tmap.get_name(name.replace("kv_b_proj.weight", "v_b_proj")) + ".weight")
+            k_b, v_b = (get(g) for g in gnames)
             w[name] = torch.cat([k_b.transpose(1, 2), v_b], dim=1).reshape(-1, k_b.shape[1])
-            continue
-        stem, _, suffix = name.rpartition(".")
-        if suffix == "e_score_correction_bias":  # gguf-py's stem for it ends "_correction"
-            stem, suffix = stem + ".e_score_correction", "bias"
-        gname = tmap.get_name(stem)
-        if gname is None or f"{gname}.{suffix}" not in tensors:
-            raise ValueError(f"{path}: no tensor for {name} ({gname}.{suffix})")
-        w[name] = get(f"{gname}.{suffix}")
+        else:
+            w[name] = get(gnames[0])
     return _check(cfg, w, str(path))
+
+
+# Read without a matmul of vLLM's GGUF linear/MoE kernels: the embedding is a row lookup, and
+# kv_b_proj is dequantised into MLA's absorbed W_UK_T/W_UV (patch 0004), which the sparse MLA
+# backends multiply in the model dtype.
+NOT_GGUF_MATMUL = ("model.embed_tokens.weight", "kv_b_proj.weight")
+
+
+def gguf_quantized_names(path: Path, cfg: dict[str, Any]) -> list[str]:
+    """HF names of the weights that vLLM multiplies with a quantised GGUF kernel, whose input it
+    rounds to 8 bits first (ggml_mul_mat_a8 / _vec_a8, ggml_moe_a8 / _vec: quantize_q8_1): every
+    tensor stored in a quantised type, except the embedding and kv_b_proj (NOT_GGUF_MATMUL).
+    forward(act_quant=) takes the list."""
+    reader, src = _gguf_open(path, cfg)
+    plain = {"F32", "F16", "BF16", "F64"}
+    types = {t.name: t.tensor_type.name for t in reader.tensors}
+    return [
+        name for name, gnames in src.items()
+        if not name.endswith(NOT_GGUF_MATMUL) and any(types[g] not in plain for g in gnames)
+    ]  # fmt: skip
 
 
 def _hi(x: torch.Tensor) -> torch.dtype:
     """At least float32: where vLLM keeps fp32 in a 16-bit model (norms, softmax, router)."""
     return torch.promote_types(x.dtype, torch.float32)
+
+
+Q8_1_BLOCK = 32  # ggml's QK8_1: the activation block of vLLM's GGUF int8 kernels
+
+
+def q8_1(x: torch.Tensor) -> torch.Tensor:
+    """x rounded the way vLLM's GGUF matmuls round their input (ggml's quantize_q8_1).
+
+    Blocks of 32 along the last dim: d = amax / 127, values rounded to integers q = roundf(x / d)
+    in [-127, 127] (half away from zero), d kept as half; a Q8_0 x Q8_1 product is then
+    d_w * d_x * (integer dot), so the activation carries ~8 bits where fp16 carries 11.
+    """
+    shape = x.shape
+    b = x.reshape(*shape[:-1], shape[-1] // Q8_1_BLOCK, Q8_1_BLOCK).to(_hi(x))
+    d = b.abs().amax(-1, keepdim=True) / 127
+    q = b / torch.where(d > 0, d, 1)
+    q = torch.sign(q) * torch.floor(q.abs() + 0.5)
+    return (q * d.to(torch.float16).to(b.dtype)).reshape(shape).to(x.dtype)
+
+
+def _mm(x: torch.Tensor, w: dict[str, torch.Tensor], name: str, aq: frozenset[str]) -> torch.Tensor:
+    """x @ w[name].T, its input rounded by q8_1 first where ``name`` is in ``aq``."""
+    return (q8_1(x) if name in aq else x) @ w[name].T
 
 
 def _rms(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -176,20 +240,21 @@ def _rope(x: torch.Tensor, theta: float, interleaved: bool) -> torch.Tensor:
 
 def indexer_topk(
     cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tensor, qr: torch.Tensor,
-    rope: str,
+    rope: str, aq: frozenset[str] = frozenset(),
 ) -> torch.Tensor:  # fmt: skip
     """[T, min(index_topk, T)] key indices per query, -1 where fewer causal keys exist."""
     t = x.shape[0]
     nh, hd, rd = cfg["index_n_heads"], cfg["index_head_dim"], cfg["qk_rope_head_dim"]
     inter = rope == "interleaved" and bool(cfg.get("indexer_rope_interleave", False))
     theta = cfg["rope_parameters"]["rope_theta"]
-    q = (qr @ w[p + "wq_b.weight"].T).view(t, nh, hd)
+    q = _mm(qr, w, p + "wq_b.weight", aq).view(t, nh, hd)
     q = torch.cat([_rope(q[..., :rd], theta, inter), q[..., rd:]], dim=-1)
+    k = _mm(x, w, p + "wk.weight", aq)
     k = torch.nn.functional.layer_norm(
-        x @ w[p + "wk.weight"].T, (hd,), w[p + "k_norm.weight"], w[p + "k_norm.bias"], eps=1e-6
+        k, (hd,), w[p + "k_norm.weight"], w[p + "k_norm.bias"], eps=1e-6
     )  # the indexer's LayerNorm eps is fixed at 1e-6 in vLLM and transformers alike
     k = torch.cat([_rope(k[:, None, :rd], theta, inter)[:, 0], k[:, rd:]], dim=-1)
-    weights = (x @ w[p + "weights_proj.weight"].T) * nh**-0.5 * hd**-0.5  # [T, H]
+    weights = _mm(x, w, p + "weights_proj.weight", aq) * nh**-0.5 * hd**-0.5  # [T, H]
     scores = torch.einsum("sh,sht->st", weights, torch.relu(torch.einsum("shd,td->sht", q, k)))
     causal = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
     scores = scores.masked_fill(~causal, -math.inf)
@@ -200,22 +265,23 @@ def indexer_topk(
 def _attention(
     cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tensor,
     topk: torch.Tensor | None, kind: str, rope: str, lora_eps: float,
+    aq: frozenset[str] = frozenset(),
 ) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     t = x.shape[0]
     nh, nope, rd = cfg["num_attention_heads"], cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"]
     vd, kvl = cfg["v_head_dim"], cfg["kv_lora_rank"]
     theta = cfg["rope_parameters"]["rope_theta"]
     inter = rope == "interleaved"
-    qr = _rms(x @ w[p + "q_a_proj.weight"].T, w[p + "q_a_layernorm.weight"], lora_eps)
-    q = (qr @ w[p + "q_b_proj.weight"].T).view(t, nh, nope + rd)
+    qr = _rms(_mm(x, w, p + "q_a_proj.weight", aq), w[p + "q_a_layernorm.weight"], lora_eps)
+    q = _mm(qr, w, p + "q_b_proj.weight", aq).view(t, nh, nope + rd)
     q_nope, q_pe = q[..., :nope], _rope(q[..., nope:], theta, inter)
-    kv_a = x @ w[p + "kv_a_proj_with_mqa.weight"].T
+    kv_a = _mm(x, w, p + "kv_a_proj_with_mqa.weight", aq)
     c = _rms(kv_a[:, :kvl], w[p + "kv_a_layernorm.weight"], lora_eps)
     k_pe = _rope(kv_a[:, None, kvl:], theta, inter)  # one rope key shared by every head
-    kv = (c @ w[p + "kv_b_proj.weight"].T).view(t, nh, nope + vd)
+    kv = _mm(c, w, p + "kv_b_proj.weight", aq).view(t, nh, nope + vd)
     k_nope, v = kv[..., :nope], kv[..., nope:]
     if kind == "full":  # shared layers keep the top-k they were handed (IndexShare)
-        topk = indexer_topk(cfg, w, p + "indexer.", x, qr, rope)
+        topk = indexer_topk(cfg, w, p + "indexer.", x, qr, rope, aq)
     assert topk is not None
     scores = torch.einsum("shd,thd->hst", q_nope, k_nope) + torch.einsum(
         "shd,td->hst", q_pe, k_pe[:, 0]
@@ -227,16 +293,23 @@ def _attention(
     probs = scores.to(_hi(scores)).masked_fill(~allowed[None], -math.inf).softmax(-1)
     probs = probs.to(v.dtype)
     out = torch.einsum("hst,thd->shd", probs, v).reshape(t, nh * vd)
-    return out @ w[p + "o_proj.weight"].T, topk
+    return _mm(out, w, p + "o_proj.weight", aq), topk
 
 
 def _swiglu(
-    x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor
-) -> torch.Tensor:
-    return (torch.nn.functional.silu(x @ gate.T) * (x @ up.T)) @ down.T
+    x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+    quant: tuple[bool, bool] = (False, False),
+) -> torch.Tensor:  # fmt: skip
+    """down(silu(gate x) * up x); ``quant``: q8_1 on the input of gate/up, of down."""
+    xq = q8_1(x) if quant[0] else x
+    h = torch.nn.functional.silu(xq @ gate.T) * (xq @ up.T)
+    return (q8_1(h) if quant[1] else h) @ down.T
 
 
-def _moe(cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tensor) -> torch.Tensor:
+def _moe(
+    cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tensor,
+    aq: frozenset[str] = frozenset(),
+) -> torch.Tensor:  # fmt: skip
     n_exp, top_k = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
     n_group, topk_group = cfg.get("n_group") or 1, cfg.get("topk_group") or 1
     if cfg.get("scoring_func", "sigmoid") != "sigmoid":
@@ -254,14 +327,14 @@ def _moe(cfg: dict[str, Any], w: dict[str, torch.Tensor], p: str, x: torch.Tenso
         gates = gates / (gates.sum(-1, keepdim=True) + 1e-20)
     gates = gates * cfg.get("routed_scaling_factor", 1.0)
     dense = torch.zeros_like(scores).scatter_(1, chosen, gates).to(x.dtype)  # 0: unchosen
-    out = _swiglu(
-        x, w[p + "shared_experts.gate_proj.weight"], w[p + "shared_experts.up_proj.weight"],
-        w[p + "shared_experts.down_proj.weight"],
-    )  # fmt: skip
-    g, u, d = (w[p + f"experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+    sh = [p + f"shared_experts.{n}_proj.weight" for n in ("gate", "up", "down")]
+    out = _swiglu(x, *(w[n] for n in sh), quant=(sh[0] in aq, sh[2] in aq))
+    ex = [p + f"experts.{n}_proj.weight" for n in ("gate", "up", "down")]
+    g, u, d = (w[n] for n in ex)
     for e in range(n_exp):  # every expert on every token: tiny model, simplest exact sum
         if bool(dense[:, e].any()):
-            out = out + dense[:, e : e + 1] * _swiglu(x, g[e], u[e], d[e])
+            y = _swiglu(x, g[e], u[e], d[e], quant=(ex[0] in aq, ex[2] in aq))
+            out = out + dense[:, e : e + 1] * y
     return out
 
 
@@ -276,6 +349,7 @@ def forward(
     share_from: int | None = None,
     device: str = "cpu",
     dtype: torch.dtype = F64,
+    act_quant: Collection[str] = (),
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Logits [T, vocab] (in ``dtype``) of one sequence and each layer's top-k rows [T, k].
 
@@ -285,7 +359,10 @@ def forward(
     last full one's, a counterfactual IndexShare for checks that must be able to fail.
     ``dtype`` other than float64: the same math in that arithmetic (weights and activations),
     to see how much this model's outputs move with rounding alone.
+    ``act_quant``: weight names whose matmul input is rounded by q8_1 first, what vLLM's GGUF
+    kernels do for a quantized weight (gguf_quantized_names lists a GGUF's).
     """
+    aq = frozenset(act_quant)
     if rope not in ("interleaved", "neox"):
         raise ValueError(f"rope {rope!r}: interleaved (vLLM) or neox (transformers 5.5)")
     eps = cfg["rms_norm_eps"]
@@ -300,17 +377,17 @@ def forward(
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
         if kind == "shared" and share_from is not None:
             topk = rows[share_from]
-        a, topk = _attention(cfg, w, p + "self_attn.", h, topk, kind, rope, lora_eps)
+        a, topk = _attention(cfg, w, p + "self_attn.", h, topk, kind, rope, lora_eps, aq)
         rows[i] = topk
         x = x + a
         h = _rms(x, w[p + "post_attention_layernorm.weight"], eps)
         if is_moe(cfg, i):
-            x = x + _moe(cfg, w, p + "mlp.", h)
+            x = x + _moe(cfg, w, p + "mlp.", h, aq)
         else:
-            mlp = (w[p + f"mlp.{n}_proj.weight"] for n in ("gate", "up", "down"))
-            x = x + _swiglu(h, *mlp)
+            mlp = [p + f"mlp.{n}_proj.weight" for n in ("gate", "up", "down")]
+            x = x + _swiglu(h, *(w[n] for n in mlp), quant=(mlp[0] in aq, mlp[2] in aq))
     x = _rms(x, w["model.norm.weight"], eps)
-    return x @ w["lm_head.weight"].T, rows
+    return _mm(x, w, "lm_head.weight", aq), rows
 
 
 def logprobs(logits: torch.Tensor) -> torch.Tensor:

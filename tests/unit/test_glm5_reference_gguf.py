@@ -73,6 +73,40 @@ def test_gguf_missing_tensor_is_an_error(converted: dict[str, Path], tmp_path: P
     assert "no tensor for model.layers.7." in str(exc.value)
 
 
+def test_q8_1_rounds_as_ggml_quantize_q8_1() -> None:
+    """q8_1: blocks of 32, d = amax / 127, integers roundf(x / d), d kept as half."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 4 * 32, generator=g, dtype=torch.float64) * 3
+    x[0, :32] = 0  # an all-zero block stays zero
+    y = ref.q8_1(x)
+    assert y.shape == x.shape and y.dtype == x.dtype and bool((y[0, :32] == 0).all())
+    b, yb = x.view(3, 4, 32), y.view(3, 4, 32)
+    d = b.abs().amax(-1, keepdim=True) / 127
+    q = b / torch.where(d > 0, d, 1)
+    ints = torch.sign(q) * torch.floor(q.abs() + 0.5)
+    assert int(ints.abs().max()) == 127
+    assert torch.equal(yb, ints * d.half().double())
+    # half a step, plus half's rounding of d (2^-11 relative) times up to 127 steps
+    assert bool(((yb - b).abs() <= d * (0.5 + 127 * 2**-11) + 1e-12).all())
+    assert not torch.equal(y, x)
+    assert ref.q8_1(x.half()).dtype == torch.float16
+
+
+def test_gguf_quantized_names_are_the_gguf_kernels_matmuls(converted: dict[str, Path]) -> None:
+    cfg = ref.load_config(converted["ckpt"])
+    assert ref.gguf_quantized_names(converted["f32"], cfg) == []  # no quantised kernel at all
+    names = ref.gguf_quantized_names(converted["q8_0"], cfg)
+    assert "lm_head.weight" in names and "model.embed_tokens.weight" not in names
+    assert "model.layers.1.mlp.experts.down_proj.weight" in names
+    assert "model.layers.0.mlp.gate_proj.weight" in names
+    assert "model.layers.6.self_attn.indexer.wq_b.weight" in names
+    assert not any(n.endswith("kv_b_proj.weight") for n in names)  # absorbed, dequantised
+    assert not any(n.endswith(("norm.weight", "gate.weight", "weights_proj.weight")) for n in names)
+    assert len(names) == 76  # 7 layers x (q_a, q_b, kv_a, o) + indexers + MLPs/experts + lm_head
+
+
 def _capture_from_reference(
     cfg: dict, w: dict, prompts: list[list[int]], gen: int, **kw: object
 ) -> dict:
@@ -122,7 +156,7 @@ def test_reference_check_cli_on_a_self_made_capture(
     torch.save({f"layer{i}": t.int() for i, t in rows.items()}, tmp_path / "topk.pt")
     args = ["--gguf", str(converted["q8_0"]), "--hf-dir", str(converted["ckpt"]),
             "--topk", str(tmp_path / "topk.pt"), "--device", "cpu",
-            "--sensitivity-dtype", "float32"]  # fmt: skip
+            "--sensitivity-dtype", "float32", "--act-quant", "none"]  # fmt: skip
 
     assert rc.main(["--capture", str(tmp_path / "capture.json"), *args,
                     "--json", str(tmp_path / "ok.json")]) == 0  # fmt: skip
@@ -144,7 +178,8 @@ def test_reference_check_cli_on_a_self_made_capture(
     sens = v["sensitivity"]  # float32 rounding alone moves these logprobs, a little
     assert sens["dtype"] == "float32" and sens["prompt_logprob_diff"]["n"] == 139 + 149
     assert 0 < sens["prompt_logprob_diff"]["max"] < 1e-3
-    assert "; reference in float32 vs float64: median" in out
+    assert "; reference in float32 vs float64, every prompt position: median" in out
+    assert v["floor"]["median_from"] == "spread"  # float32 moves less than the spread
 
     for run in capture["runs"]:
         for entry in run["prompt_logprobs"][1:]:
@@ -170,3 +205,45 @@ def test_reference_check_cli_on_a_self_made_capture(
     v = json.loads((tmp_path / "wrong-out.json").read_text())
     assert v["prompt_logprobs"]["within_spread"] is True
     assert v["index_share"]["closer_than_every_counterfactual"] is False
+
+
+def test_reference_check_judges_a_w8a8_server_by_the_models_own_sensitivity(
+    converted: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The GLM-5.2 e2e run's failure: a capture "served" in vLLM's GGUF arithmetic (here float32
+    with every quantised weight's input rounded to Q8_1) is ~10x the committed spread away from
+    the float64 reference on the dense region, as far as the reference's own float16 + Q8_1
+    run is: the default floor (max of spread and that sensitivity) passes it, a floor without
+    the activation rounding (the check before) fails it."""
+    import json
+    import random
+
+    import torch
+    from e2e import reference_check as rc
+
+    torch.set_num_threads(2)
+    cfg = ref.load_config(converted["ckpt"])
+    w = ref.load_gguf(converted["q8_0"], cfg)
+    aq = ref.gguf_quantized_names(converted["q8_0"], cfg)
+    rng = random.Random(7)
+    prompts = [[rng.randrange(16, 480) for _ in range(135)] for _ in range(3)]
+    capture = _capture_from_reference(cfg, w, prompts, gen=1, dtype=torch.float32, act_quant=aq)
+    (tmp_path / "capture.json").write_text(json.dumps(capture))
+    args = ["--capture", str(tmp_path / "capture.json"), "--gguf", str(converted["q8_0"]),
+            "--hf-dir", str(converted["ckpt"]), "--device", "cpu"]  # fmt: skip
+
+    assert rc.main([*args, "--json", str(tmp_path / "ok.json")]) == 0
+    out = capsys.readouterr().out
+    assert "sensitivity float16 + Q8_1 inputs of 76 GGUF-quantised weights" in out
+    v = json.loads((tmp_path / "ok.json").read_text())
+    pl, floor, spread = v["prompt_logprobs"], v["floor"], v["spread"]
+    assert pl["within_floor"] is True and pl["within_spread"] is False
+    assert pl["dense"]["median"] > 4 * spread["median"]  # far outside the committed spread ...
+    assert floor["median_from"] == floor["p90_from"] == "sensitivity"
+    assert v["sensitivity"]["dense"]["n"] == pl["dense"]["n"] == 3 * 128
+
+    assert rc.main([*args, "--act-quant", "none", "--json", str(tmp_path / "bad.json")]) == 1
+    assert "OUTSIDE" in capsys.readouterr().err  # ... which float16 rounding alone does not explain
+    bad = json.loads((tmp_path / "bad.json").read_text())
+    assert bad["sensitivity"]["act_quant_weights"] == 0
+    assert bad["sensitivity"]["dense"]["median"] < pl["dense"]["median"] / 4
