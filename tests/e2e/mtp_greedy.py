@@ -19,8 +19,18 @@ longer than index_topk (so attention is truly sparse), ignore_eos:
   GLM-5 GGUF path is float16 only (patch 0002), so this reference serves the same weights from
   the tiny checkpoint's safetensors (vLLM's own MTP loader for glm_moe_dsa), from a copy in
   OUTDIR/ref-ckpt that adds the MTP layer's embed_tokens/head (see reference_checkpoint).
+- CUSTOM_BF16: our backend on FLASHMLA_SPARSE's inputs (the safetensors copy, bfloat16): the
+  same weights and arithmetic as the reference path except attention and indexer, so a
+  difference between the two is ours, and one between CUSTOM and CUSTOM_BF16 is the GGUF path's.
 The sparse_mla_indexer (`--indexer`, default triton: our Triton MQA-logits kernels, the SM120
 path, with next_n = 1 + k rows per request) applies to CUSTOM's engines.
+
+`--controls` adds runs that say how far the engine itself moves greedy tokens without MTP, per
+backend: `0r` (k = 0 again in a fresh engine: run-to-run determinism), `0b1` (k = 0 with one
+request at a time: batch composition, since vLLM's kernels are not batch-invariant) and `1b1`
+(k = 1, one request at a time, judged against `0b1`). Every comparison also reports the prefix
+drift: the largest |top-1 logprob difference| over the positions before the first divergence,
+the size of the perturbation whatever the chaos of a random model makes of it.
 
 Writes OUTDIR/mtp.json: per backend and k the tokens, init and generate seconds, seconds per
 engine step (a step = one target forward: k=0 one token per request, k>0 up to 1 + k), vLLM's
@@ -56,7 +66,14 @@ NUM_PROMPTS = 4
 PROMPT_LEN = 200  # > index_topk 128 of the tiny model
 NEW_TOKENS = 32
 TOP_LOGPROBS = 2
-BACKENDS = {"CUSTOM": "float16", "FLASHMLA_SPARSE": "bfloat16"}
+# run name -> (attention backend, dtype, weights)
+BACKENDS = {
+    "CUSTOM": ("CUSTOM", "float16", "gguf"),
+    "CUSTOM_BF16": ("CUSTOM", "bfloat16", "safetensors"),
+    "FLASHMLA_SPARSE": ("FLASHMLA_SPARSE", "bfloat16", "safetensors"),
+}
+# control run id -> (k, max_num_seqs, the run it is judged against)
+CONTROLS = {"0r": (0, NUM_PROMPTS, "0"), "0b1": (0, 1, "0"), "1b1": (1, 1, "0b1")}
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "draft_tokens",
@@ -106,7 +123,17 @@ def reference_checkpoint(hf_dir: Path, dest: Path) -> Path:
     return dest
 
 
-def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[str, Any]:
+def run_plan(ks: list[int], controls: bool) -> list[tuple[str, int, int, str | None]]:
+    """(run id, k, max_num_seqs, the run it is judged against) in running order."""
+    runs = [(str(k), k, NUM_PROMPTS, "0" if k else None) for k in ks]
+    if controls:
+        runs += [(rid, k, seqs, ref) for rid, (k, seqs, ref) in CONTROLS.items()]
+    return runs
+
+
+def run_one(
+    backend: str, k: int, args: argparse.Namespace, log: Any, max_num_seqs: int = NUM_PROMPTS
+) -> dict[str, Any]:
     import torch
     from vllm import LLM, SamplingParams
     from vllm.config import CompilationConfig
@@ -115,16 +142,18 @@ def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[st
     from vllm.inputs import TokensPrompt
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    gguf = backend == "CUSTOM"
+    attention, dtype, weights = BACKENDS[backend]
+    gguf = weights == "gguf"
     kwargs: dict[str, Any] = {}
     if gguf:
-        kwargs |= {"hf_config_path": str(args.hf_dir), "additional_config": {
-            "sparse_mla_indexer": args.indexer}}  # fmt: skip
+        kwargs["hf_config_path"] = str(args.hf_dir)
+    if attention == "CUSTOM":
+        kwargs["additional_config"] = {"sparse_mla_indexer": args.indexer}
     if k:
         kwargs["speculative_config"] = {
             "method": "mtp",
             "num_speculative_tokens": k,
-            "attention_backend": backend,
+            "attention_backend": attention,
         }
     if not args.eager:
         kwargs["compilation_config"] = CompilationConfig(
@@ -137,12 +166,12 @@ def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[st
     llm = LLM(
         model=str(args.gguf if gguf else hf_ref),
         tokenizer=str(args.hf_dir),
-        dtype=BACKENDS[backend],
+        dtype=dtype,
         seed=SEED,
         enforce_eager=args.eager,
-        attention_backend=AttentionBackendEnum[backend],
+        attention_backend=AttentionBackendEnum[attention],
         max_model_len=512,
-        max_num_seqs=NUM_PROMPTS,
+        max_num_seqs=max_num_seqs,
         max_num_batched_tokens=1024,
         enable_prefix_caching=False,
         gpu_memory_utilization=0.2,
@@ -187,14 +216,14 @@ def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[st
             ]
             seqs.append({"tokens": list(c.token_ids), "top2": steps})
         result = {
-            "backend": backend, "k": k, "dtype": BACKENDS[backend],
-            "model": "gguf" if gguf else "safetensors", "init_s": round(init_s, 1),
+            "backend": backend, "k": k, "dtype": dtype, "max_num_seqs": max_num_seqs,
+            "model": weights, "init_s": round(init_s, 1),
             "generate_s": round(gen_s, 4), "spec": spec, "seqs": seqs,
         }  # fmt: skip
         if spec.get("steps"):
             result["s_per_step"] = round(gen_s / spec["steps"], 6)
-        print(f"[{backend} k={k}] init {init_s:.1f}s generate {gen_s:.3f}s {spec}", file=log,
-              flush=True)  # fmt: skip
+        print(f"[{backend} k={k} seqs={max_num_seqs}] init {init_s:.1f}s generate {gen_s:.3f}s "
+              f"{spec}", file=log, flush=True)  # fmt: skip
         return result
     finally:  # free the GPU for the next engine even when this one failed
         shutdown_engine(llm)
@@ -204,38 +233,51 @@ def run_one(backend: str, k: int, args: argparse.Namespace, log: Any) -> dict[st
 
 def worker(backend: str, out: Path, args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"runs": {}, "errors": {}}
-    for k in args.k:
+    for rid, k, max_num_seqs, _ in run_plan(args.k, args.controls):
         try:
-            results["runs"][str(k)] = run_one(backend, k, args, sys.stdout)
-        except Exception as exc:  # keep going: the other k still say something
+            results["runs"][rid] = run_one(backend, k, args, sys.stdout, max_num_seqs)
+        except Exception as exc:  # keep going: the other runs still say something
             import traceback
 
             traceback.print_exc()
-            results["errors"][str(k)] = f"{type(exc).__name__}: {exc}"
+            results["errors"][rid] = f"{type(exc).__name__}: {exc}"
         out.write_text(json.dumps(results))
     return 0
 
 
 def compare(run: dict[str, Any], ref: dict[str, Any], tie: float) -> dict[str, Any]:
-    """k>0 vs k=0 of one backend: equal prompts; else the first divergence, near tie or not."""
+    """A run vs its reference run of one backend: equal prompts; else the first divergence, near
+    tie or not; and the prefix drift (largest |top-1 logprob difference| while tokens agree)."""
     rows = []
     for i, (a, b) in enumerate(zip(run["seqs"], ref["seqs"], strict=True)):
-        if a["tokens"] == b["tokens"]:
-            rows.append({"prompt": i, "equal": True})
-            continue
         pos = next(
-            j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=False)) if x != y
+            (j for j, (x, y) in enumerate(zip(a["tokens"], b["tokens"], strict=False)) if x != y),
+            None,
         )
+        agreed = zip(a["top2"][:pos], b["top2"][:pos], strict=False)
+        drift = max((abs(x[0] - y[0]) for x, y in agreed if x and y), default=0.0)
+        if pos is None:
+            rows.append({"prompt": i, "equal": True, "prefix_drift": drift})
+            continue
         top2 = b["top2"][pos] if pos < len(b["top2"]) else []
         margin = top2[0] - top2[1] if len(top2) == 2 else None
         rows.append({"prompt": i, "equal": False, "first_divergence": pos, "ref_margin": margin,
-                     "near_tie": margin is not None and margin <= tie})  # fmt: skip
+                     "near_tie": margin is not None and margin <= tie,
+                     "prefix_drift": drift})  # fmt: skip
     return {
         "equal_prompts": sum(r["equal"] for r in rows),
         "prompts": len(rows),
         "passed": all(r["equal"] or r["near_tie"] for r in rows),
+        "max_prefix_drift": max((r["prefix_drift"] for r in rows), default=0.0),
         "rows": rows,
     }
+
+
+def _divergence(row: dict[str, Any]) -> str:
+    if row["equal"]:
+        return "equal"
+    margin = row["ref_margin"]
+    return f"({row['first_divergence']}, {'?' if margin is None else f'{margin:.3f}'})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +290,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="speculative tokens per run; 0 (no MTP) is the reference")  # fmt: skip
     p.add_argument("--indexer", choices=("auto", "triton", "deepgemm"), default="triton")
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (a fallback)")
+    p.add_argument("--controls", action="store_true",
+                   help="also run 0r, 0b1, 1b1 (the engine's own spread; see above)")  # fmt: skip
     p.add_argument("--tie", type=float, default=0.02,
                    help="pass a divergence where k=0's top-2 logprobs differ <= this")  # fmt: skip
     p.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
@@ -269,9 +313,8 @@ def main(argv: list[str] | None = None) -> int:
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     forwarded = [str(args.outdir), "--gguf", str(args.gguf), "--hf-dir", str(args.hf_dir),
                  "--indexer", args.indexer, "--k", *map(str, args.k)]  # fmt: skip
-    if args.eager:
-        forwarded.append("--eager")
-    if "FLASHMLA_SPARSE" in args.backend:
+    forwarded += ["--eager"] * args.eager + ["--controls"] * args.controls
+    if any(BACKENDS[b][2] == "safetensors" for b in args.backend):
         reference_checkpoint(args.hf_dir, args.outdir / "ref-ckpt")
     for backend in args.backend:
         t0 = time.perf_counter()
@@ -289,30 +332,32 @@ def main(argv: list[str] | None = None) -> int:
         if proc.returncode:
             report["errors"][backend] = f"worker exit {proc.returncode}; see {backend}.log"
         report.setdefault("wall_s_per_backend", {})[backend] = round(time.perf_counter() - t0, 1)
-        for k in args.k:
-            if k and "0" in runs and str(k) in runs:
-                check = compare(runs[str(k)], runs["0"], args.tie)
-                report["checks"].append({"backend": backend, "k": k} | check)
-    report["passed"] = (
-        bool(report["checks"])
-        and all(c["passed"] for c in report["checks"])
-        and not report["errors"]
-    )
+        for rid, k, _, ref in run_plan(args.k, args.controls):
+            if ref is not None and ref in runs and rid in runs:
+                check = compare(runs[rid], runs[ref], args.tie)
+                report["checks"].append({"backend": backend, "run": rid, "k": k, "ref": ref}
+                                        | check)  # fmt: skip
+    # The proof is MTP's runs against k = 0; the controls only measure the engine's own spread.
+    judged = [c for c in report["checks"] if c["run"] not in CONTROLS]
+    report["passed"] = bool(judged) and all(c["passed"] for c in judged) and not report["errors"]
     report["wall_s"] = round(time.perf_counter() - started, 1)
     (args.outdir / "mtp.json").write_text(json.dumps(report, indent=1) + "\n")
     lines = []
     for backend, runs in report["runs"].items():
-        for k, r in sorted(runs.items()):
+        for rid, r in runs.items():
             spec = r.get("spec", {})
             lines.append(
-                f"{backend} k={k}: generate {r['generate_s']}s, steps {spec.get('steps')}, "
-                f"s/step {r.get('s_per_step')}, acceptance {spec.get('acceptance_rate')} "
+                f"{backend} {rid} (k={r['k']}, seqs {r.get('max_num_seqs')}): generate "
+                f"{r['generate_s']}s, steps {spec.get('steps')}, s/step {r.get('s_per_step')}, "
+                f"acceptance {spec.get('acceptance_rate')} "
                 f"(per position {spec.get('per_position')})"
             )
     for c in report["checks"]:
-        verdict = "PASS" if c["passed"] else "FAIL"
-        lines.append(f"{verdict} {c['backend']} k={c['k']} == k=0: "
-                     f"{c['equal_prompts']}/{c['prompts']} prompts equal")  # fmt: skip
+        verdict = ("control " if c["run"] in CONTROLS else "") + ("PASS" if c["passed"] else "FAIL")
+        divs = " ".join(_divergence(r) for r in c["rows"])
+        lines.append(f"{verdict} {c['backend']} {c['run']} == {c['ref']}: "
+                     f"{c['equal_prompts']}/{c['prompts']} prompts equal [{divs}], "
+                     f"max prefix drift {c['max_prefix_drift']:.4f}")  # fmt: skip
     lines += [f"error {n}: {e}" for n, e in report["errors"].items()]
     lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['wall_s']}s")
     (args.outdir / "mtp.log").write_text("\n".join(lines) + "\n")

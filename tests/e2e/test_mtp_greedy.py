@@ -24,9 +24,34 @@ def test_divergence_fails_unless_the_reference_was_a_near_tie() -> None:
     check = mtp_greedy.compare(run, ref, tie=0.02)
     assert not check["passed"] and check["equal_prompts"] == 1
     assert check["rows"][0] == {"prompt": 0, "equal": False, "first_divergence": 2,
-                                "ref_margin": pytest.approx(1.0), "near_tie": False}  # fmt: skip
+                                "ref_margin": pytest.approx(1.0), "near_tie": False,
+                                "prefix_drift": 0.0}  # fmt: skip
     tie = mtp_greedy.compare(run, seqs([1, 2, 3], [4, 5], margin=0.01), tie=0.02)
     assert tie["passed"] and tie["rows"][0]["near_tie"]
+
+
+def test_prefix_drift_is_the_largest_top1_gap_before_the_first_divergence() -> None:
+    ref = {"seqs": [{"tokens": [1, 2, 3, 4], "top2": [[-1.0, -2.0], [-1.0, -2.0], [-1.0, -1.1],
+                                                      [-1.0, -2.0]]}]}  # fmt: skip
+    run = {"seqs": [{"tokens": [1, 2, 9, 4], "top2": [[-1.01, -2.0], [-1.25, -2.0], [-3.0, -4.0],
+                                                      [-9.0, -9.5]]}]}  # fmt: skip
+    check = mtp_greedy.compare(run, ref, tie=0.02)
+    # positions 0 and 1 agree (drift 0.01, 0.25); position 2 is the divergence, 3 comes after it
+    assert check["rows"][0]["first_divergence"] == 2
+    assert check["rows"][0]["ref_margin"] == pytest.approx(0.1)
+    assert check["max_prefix_drift"] == pytest.approx(0.25)
+    same = mtp_greedy.compare(ref, ref, tie=0.02)
+    assert same["passed"] and same["max_prefix_drift"] == 0.0
+
+
+def test_controls_are_judged_against_their_own_reference_runs() -> None:
+    assert mtp_greedy.run_plan([0, 1], controls=False) == [("0", 0, 4, None), ("1", 1, 4, "0")]
+    assert mtp_greedy.run_plan([0], controls=True) == [
+        ("0", 0, 4, None), ("0r", 0, 4, "0"), ("0b1", 0, 1, "0"), ("1b1", 1, 1, "0b1"),
+    ]  # fmt: skip
+    # every run name maps to a backend vLLM knows, a dtype and a weight source
+    assert {v[0] for v in mtp_greedy.BACKENDS.values()} == {"CUSTOM", "FLASHMLA_SPARSE"}
+    assert mtp_greedy.BACKENDS["CUSTOM_BF16"] == ("CUSTOM", "bfloat16", "safetensors")
 
 
 def test_usage_errors(tmp_path: Path, capsys) -> None:
