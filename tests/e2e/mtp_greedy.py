@@ -131,15 +131,10 @@ def run_plan(ks: list[int], controls: bool) -> list[tuple[str, int, int, str | N
     return runs
 
 
-def run_one(
-    backend: str, k: int, args: argparse.Namespace, log: Any, max_num_seqs: int = NUM_PROMPTS
-) -> dict[str, Any]:
-    import torch
-    from vllm import LLM, SamplingParams
+def engine(backend: str, k: int, args: argparse.Namespace, max_num_seqs: int) -> Any:
+    from vllm import LLM
     from vllm.config import CompilationConfig
     from vllm.config.compilation import CompilationMode, CUDAGraphMode
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-    from vllm.inputs import TokensPrompt
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
     attention, dtype, weights = BACKENDS[backend]
@@ -161,9 +156,8 @@ def run_one(
             cudagraph_mode=CUDAGraphMode.FULL_DECODE_ONLY,
             cudagraph_capture_sizes=[1, 2, 4, 8, 16],
         )
-    t0 = time.perf_counter()
     hf_ref = args.outdir / "ref-ckpt"
-    llm = LLM(
+    return LLM(
         model=str(args.gguf if gguf else hf_ref),
         tokenizer=str(args.hf_dir),
         dtype=dtype,
@@ -179,6 +173,19 @@ def run_one(
         disable_log_stats=False,
         **kwargs,
     )
+
+
+def run_one(
+    backend: str, k: int, args: argparse.Namespace, log: Any, max_num_seqs: int = NUM_PROMPTS
+) -> dict[str, Any]:
+    import torch
+    from vllm import SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    from vllm.inputs import TokensPrompt
+
+    dtype, weights = BACKENDS[backend][1:]
+    t0 = time.perf_counter()
+    llm = engine(backend, k, args, max_num_seqs)
     init_s = time.perf_counter() - t0
     try:
         vocab = llm.llm_engine.model_config.get_vocab_size()
@@ -214,7 +221,9 @@ def run_one(
                 sorted((float(v.logprob) for v in lp.values()), reverse=True)[:2]
                 for lp in (c.logprobs or [])
             ]
-            seqs.append({"tokens": list(c.token_ids), "top2": steps})
+            own = [float(lp[t].logprob) for t, lp in zip(c.token_ids, c.logprobs or [],
+                                                         strict=False)]  # fmt: skip
+            seqs.append({"tokens": list(c.token_ids), "top2": steps, "own": own})
         result = {
             "backend": backend, "k": k, "dtype": dtype, "max_num_seqs": max_num_seqs,
             "model": weights, "init_s": round(init_s, 1),
@@ -231,6 +240,83 @@ def run_one(
         cleanup_dist_env_and_memory()
 
 
+def replay(backend: str, args: argparse.Namespace, runs: dict[str, Any], log: Any) -> None:
+    """Teacher-forced scoring of every run's tokens by one fresh k = 0 engine (prompt logprobs of
+    prompt + generated tokens): per run the emitted tokens' replay logprobs, the replay's top-1
+    token and logprob, stored as run["replay"]. Immune to where trajectories part: each run is
+    judged on its own tokens."""
+    from vllm import SamplingParams
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+    from vllm.inputs import TokensPrompt
+
+    llm = engine(backend, 0, args, NUM_PROMPTS)
+    try:
+        vocab = llm.llm_engine.model_config.get_vocab_size()
+        base = prompts(vocab)
+        params = SamplingParams(temperature=0.0, max_tokens=1, prompt_logprobs=1, seed=SEED)
+        for run in runs.values():
+            batch = [TokensPrompt(prompt_token_ids=p + s["tokens"])
+                     for p, s in zip(base, run["seqs"], strict=True)]  # fmt: skip
+            outs = llm.generate(batch, params, use_tqdm=False)
+            scored = []
+            for out, seq in zip(outs, run["seqs"], strict=True):
+                rows = out.prompt_logprobs[PROMPT_LEN:]
+                top1 = [max(r.items(), key=lambda kv: kv[1].logprob) for r in rows]
+                scored.append({
+                    "own": [float(r[t].logprob) for r, t in zip(rows, seq["tokens"], strict=True)],
+                    "top1_token": [int(t) for t, _ in top1],
+                    "top1": [float(v.logprob) for _, v in top1],
+                })  # fmt: skip
+            run["replay"] = scored
+        print(f"[{backend}] replayed {len(runs)} runs", file=log, flush=True)
+    finally:
+        shutdown_engine(llm)
+        del llm
+        cleanup_dist_env_and_memory()
+
+
+def replay_check(run: dict[str, Any], tie: float) -> dict[str, Any]:
+    """One run against its replay: positions where the emitted token is not the replay's top-1
+    (beyond a near tie: replay top-1 minus the token's replay logprob > tie), and the |emitted
+    logprob - replay logprob| quantiles."""
+    diffs: list[float] = []
+    mismatches = beyond = positions = 0
+    for seq, rep_ in zip(run["seqs"], run["replay"], strict=True):
+        for j, tok in enumerate(seq["tokens"]):
+            positions += 1
+            diffs.append(abs(seq["own"][j] - rep_["own"][j]))
+            if rep_["top1_token"][j] != tok:
+                mismatches += 1
+                beyond += rep_["top1"][j] - rep_["own"][j] > tie
+    diffs.sort()
+
+    def q(f: float) -> float:
+        return round(diffs[min(len(diffs) - 1, int(f * len(diffs)))], 5) if diffs else 0.0
+
+    return {"positions": positions, "mismatches": mismatches, "beyond_tie": beyond,
+            "median": q(0.5), "p90": q(0.9), "max": q(1.0)}  # fmt: skip
+
+
+def replay_verdicts(runs: dict[str, Any], tie: float) -> list[dict[str, Any]]:
+    """k > 0 runs against the k = 0 family (0 and the controls without MTP): MTP is as faithful
+    to the target as plain decoding when its emitted tokens are the replay's top-1 as often
+    (beyond-tie mismatches no more than the worst k = 0 run's) and its logprobs sit as close to
+    the replay (p90 within 2x the worst k = 0 run's p90, the engine's own spread)."""
+    checks = {rid: replay_check(r, tie) for rid, r in runs.items() if "replay" in r}
+    plain = [c for rid, c in checks.items() if runs[rid]["k"] == 0]
+    if not plain:
+        return []
+    worst_beyond = max(c["beyond_tie"] for c in plain)
+    worst_p90 = max(c["p90"] for c in plain)
+    out = []
+    for rid, c in checks.items():
+        verdict = None
+        if runs[rid]["k"]:
+            verdict = c["beyond_tie"] <= worst_beyond and c["p90"] <= 2 * worst_p90
+        out.append({"run": rid, "k": runs[rid]["k"], "passed": verdict} | c)
+    return out
+
+
 def worker(backend: str, out: Path, args: argparse.Namespace) -> int:
     results: dict[str, Any] = {"runs": {}, "errors": {}}
     for rid, k, max_num_seqs, _ in run_plan(args.k, args.controls):
@@ -241,6 +327,15 @@ def worker(backend: str, out: Path, args: argparse.Namespace) -> int:
 
             traceback.print_exc()
             results["errors"][rid] = f"{type(exc).__name__}: {exc}"
+        out.write_text(json.dumps(results))
+    if args.replay and results["runs"]:
+        try:
+            replay(backend, args, results["runs"], sys.stdout)
+        except Exception as exc:
+            import traceback
+
+            traceback.print_exc()
+            results["errors"]["replay"] = f"{type(exc).__name__}: {exc}"
         out.write_text(json.dumps(results))
     return 0
 
@@ -292,8 +387,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs (a fallback)")
     p.add_argument("--controls", action="store_true",
                    help="also run 0r, 0b1, 1b1 (the engine's own spread; see above)")  # fmt: skip
+    p.add_argument("--replay", action="store_true",
+                   help="score every run's tokens by a fresh k=0 engine")  # fmt: skip
     p.add_argument("--tie", type=float, default=0.02,
                    help="pass a divergence where k=0's top-2 logprobs differ <= this")  # fmt: skip
+    p.add_argument("--report-only", action="store_true",
+                   help="judge the <backend>.json files in OUTDIR, run nothing")  # fmt: skip
     p.add_argument("--worker", choices=sorted(BACKENDS), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if any(k < 0 or k > 3 for k in args.k) or 0 not in args.k:
@@ -308,40 +407,64 @@ def main(argv: list[str] | None = None) -> int:
 
     args.outdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    report: dict[str, Any] = {"runs": {}, "checks": [], "errors": {}}
     env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_FLASHINFER_SAMPLER": "0",
            "PYTHONUNBUFFERED": "1"}  # fmt: skip
     forwarded = [str(args.outdir), "--gguf", str(args.gguf), "--hf-dir", str(args.hf_dir),
                  "--indexer", args.indexer, "--k", *map(str, args.k)]  # fmt: skip
     forwarded += ["--eager"] * args.eager + ["--controls"] * args.controls
-    if any(BACKENDS[b][2] == "safetensors" for b in args.backend):
+    forwarded += ["--replay"] * args.replay
+    if not args.report_only and any(BACKENDS[b][2] == "safetensors" for b in args.backend):
         reference_checkpoint(args.hf_dir, args.outdir / "ref-ckpt")
-    for backend in args.backend:
+    exits: dict[str, int] = {}
+    walls: dict[str, float] = {}
+    for backend in [] if args.report_only else args.backend:
         t0 = time.perf_counter()
         with open(args.outdir / f"{backend}.log", "w") as blog:
-            proc = subprocess.run(
+            exits[backend] = subprocess.run(
                 [sys.executable, "-m", "e2e.mtp_greedy", *forwarded, "--worker", backend],
                 env=env, stdout=blog, stderr=subprocess.STDOUT, check=False,
-            )  # fmt: skip
+            ).returncode  # fmt: skip
+        walls[backend] = round(time.perf_counter() - t0, 1)
+    report = build_report(args, exits)
+    report["wall_s_per_backend"] = walls
+    report["wall_s"] = round(time.perf_counter() - started, 1)
+    (args.outdir / "mtp.json").write_text(json.dumps(report, indent=1) + "\n")
+    lines = report_lines(report)
+    (args.outdir / "mtp.log").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0 if report["passed"] or report.get("replay_passed") else 1
+
+
+def build_report(args: argparse.Namespace, exits: dict[str, int]) -> dict[str, Any]:
+    """The judgement from OUTDIR/<backend>.json (what the workers wrote)."""
+    report: dict[str, Any] = {"runs": {}, "checks": [], "replay": [], "errors": {}}
+    for backend in args.backend:
         result_file = args.outdir / f"{backend}.json"
         data = json.loads(result_file.read_text()) if result_file.exists() else {}
         runs = data.get("runs", {})
         report["runs"][backend] = runs
-        for k, err in data.get("errors", {}).items():
-            report["errors"][f"{backend} k={k}"] = err
-        if proc.returncode:
-            report["errors"][backend] = f"worker exit {proc.returncode}; see {backend}.log"
-        report.setdefault("wall_s_per_backend", {})[backend] = round(time.perf_counter() - t0, 1)
+        for rid, err in data.get("errors", {}).items():
+            report["errors"][f"{backend} {rid}"] = err
+        if exits.get(backend) or not result_file.exists():
+            report["errors"][backend] = f"worker exit {exits.get(backend)}; see {backend}.log"
         for rid, k, _, ref in run_plan(args.k, args.controls):
             if ref is not None and ref in runs and rid in runs:
                 check = compare(runs[rid], runs[ref], args.tie)
                 report["checks"].append({"backend": backend, "run": rid, "k": k, "ref": ref}
                                         | check)  # fmt: skip
+        report["replay"] += [{"backend": backend} | v for v in replay_verdicts(runs, args.tie)]
     # The proof is MTP's runs against k = 0; the controls only measure the engine's own spread.
     judged = [c for c in report["checks"] if c["run"] not in CONTROLS]
     report["passed"] = bool(judged) and all(c["passed"] for c in judged) and not report["errors"]
-    report["wall_s"] = round(time.perf_counter() - started, 1)
-    (args.outdir / "mtp.json").write_text(json.dumps(report, indent=1) + "\n")
+    if args.replay:
+        mtp = [v for v in report["replay"] if v["passed"] is not None]
+        report["replay_passed"] = (
+            bool(mtp) and all(v["passed"] for v in mtp) and not report["errors"]
+        )
+    return report
+
+
+def report_lines(report: dict[str, Any]) -> list[str]:
     lines = []
     for backend, runs in report["runs"].items():
         for rid, r in runs.items():
@@ -358,11 +481,18 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"{verdict} {c['backend']} {c['run']} == {c['ref']}: "
                      f"{c['equal_prompts']}/{c['prompts']} prompts equal [{divs}], "
                      f"max prefix drift {c['max_prefix_drift']:.4f}")  # fmt: skip
+    for v in report["replay"]:
+        verdict = {None: "k=0 family", True: "PASS", False: "FAIL"}[v["passed"]]
+        lines.append(f"replay {verdict} {v['backend']} {v['run']}: {v['mismatches']}/"
+                     f"{v['positions']} tokens not the replay's top-1 ({v['beyond_tie']} beyond "
+                     f"a tie), |logprob - replay| median {v['median']} p90 {v['p90']} "
+                     f"max {v['max']}")  # fmt: skip
     lines += [f"error {n}: {e}" for n, e in report["errors"].items()]
-    lines.append(f"{'PASSED' if report['passed'] else 'FAILED'} in {report['wall_s']}s")
-    (args.outdir / "mtp.log").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    return 0 if report["passed"] else 1
+    verdicts = [f"token equality {'PASSED' if report['passed'] else 'FAILED'}"]
+    if "replay_passed" in report:
+        verdicts.append(f"replay {'PASSED' if report['replay_passed'] else 'FAILED'}")
+    lines.append(", ".join(verdicts) + f" in {report.get('wall_s')}s")
+    return lines
 
 
 if __name__ == "__main__":

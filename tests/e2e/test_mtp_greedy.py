@@ -65,3 +65,31 @@ def test_usage_errors(tmp_path: Path, capsys) -> None:
         f"error: {missing} does not exist (run tests/e2e/pipeline.sh with CKPT_BUILDER=proof "
         "first)\n"
     )
+
+
+def replayed(k: int, tokens: list[int], own: list[float], top1_token: list[int],
+             top1: list[float], replay_own: list[float]) -> dict:  # fmt: skip
+    return {"k": k, "seqs": [{"tokens": tokens, "own": own, "top2": []}],
+            "replay": [{"own": replay_own, "top1_token": top1_token, "top1": top1}]}  # fmt: skip
+
+
+def test_replay_counts_tokens_that_are_not_the_teacher_forced_top1() -> None:
+    # position 1: replay prefers token 7 by 0.5 (beyond a tie); position 2: by 0.01 (a tie)
+    run = replayed(1, [5, 6, 8], [-1.0, -1.2, -2.0], [5, 7, 9], [-1.0, -0.7, -1.99],
+                   [-1.0, -1.2, -2.0])  # fmt: skip
+    check = mtp_greedy.replay_check(run, tie=0.02)
+    assert (check["positions"], check["mismatches"], check["beyond_tie"]) == (3, 2, 1)
+    assert check["max"] == 0.0
+
+
+def test_replay_verdict_holds_mtp_to_the_worst_plain_run() -> None:
+    plain = replayed(0, [1, 2], [-1.0, -1.0], [1, 2], [-1.0, -1.0], [-1.01, -1.02])
+    plain_r = replayed(0, [1, 3], [-1.0, -1.0], [1, 2], [-1.0, -0.5], [-1.0, -1.04])
+    good = replayed(1, [1, 3], [-1.0, -1.0], [1, 2], [-1.0, -0.5], [-1.05, -1.0])
+    bad = replayed(2, [1, 3], [-1.0, -1.0], [1, 2], [-1.0, -0.5], [-1.3, -1.0])
+    runs = {"0": plain, "0r": plain_r, "1": good, "2": bad}
+    verdicts = {v["run"]: v for v in mtp_greedy.replay_verdicts(runs, tie=0.02)}
+    assert verdicts["0"]["passed"] is None and verdicts["0r"]["beyond_tie"] == 1
+    # the worst plain run: 1 mismatch beyond a tie, p90 0.04; k=1 has 1 and 0.05 (<= 2 x 0.04)
+    assert verdicts["1"]["passed"] is True
+    assert verdicts["2"]["passed"] is False and verdicts["2"]["p90"] == pytest.approx(0.3)
