@@ -32,6 +32,15 @@ measured share cut to 1/8; random routing sends 1 + K tokens to up to 8 (1 + K) 
 so the verify step is pessimistic; acceptance with random weights means nothing, hence the
 published rates.
 
+IndexShare cases (`view:mix:backend:glm52`; issue 18) serve the same view and mix as GLM-5.2:
+the writer's `--generation 5.2` (its own file, `<view>-<mix>-glm52`): index_topk_freq 4 /
+index_skip_topk_offset 3 in the HF config, no indexer tensors in the "shared" layers (3-5 of the
+tp8 view's 6), which reuse the top-k of the last full layer (patches 0007/0008); everything else
+as the plain case. When both `view:mix:backend` and its `:glm52` ran, the report prints, per
+decode point (batch x context), the 5.2 vs 5 step time (median full-batch step), the saving in µs
+and %, the profiled indexer_logits + topk per step of each (where profiled), and an ESTIMATE for
+78 layers: the saving per shared layer x GLM-5.2's 57 shared layers (`index_share_summary`).
+
 Views: "full" (TP1, 64 heads, E routed experts, default 4 layers = 3 dense + 1 MoE) and "tp8"
 (one TP8 rank's shapes: 8 heads, expert intermediate 256; default 6 layers). Backends: CUSTOM
 (ours, fp16) and FLASHMLA_SPARSE (vLLM's, bf16; patch 0002's fp16-only rule is bypassed in the
@@ -44,6 +53,8 @@ examples:
   PYTHONPATH=/tmp/site python benchmarks/bench_serve.py --work /tmp/bench --deadline 480
   PYTHONPATH=/tmp/site python benchmarks/bench_serve.py --cases full:Q4_K_M:CUSTOM --quick
   PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py --cases tp8:Q4_K_M:CUSTOM:mtp1
+  PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py \
+      --cases tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52 --quick
   python benchmarks/bench_serve.py --list-cases
   python benchmarks/bench_serve.py --report benchmarks/results/serve-h200-2026-12-04.json
 """
@@ -51,6 +62,7 @@ examples:
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -83,7 +95,8 @@ DEFAULT_CASES = [
 ]
 LAYERS = {"full": 4, "tp8": 6, "tiny": 3}  # tiny: CPU tests of this script only
 DTYPE = {"CUSTOM": "float16", "FLASHMLA_SPARSE": "bfloat16", "TRITON_MLA": "float16"}
-CASE_FORMAT = "view:mix:backend[:mtpK]"
+CASE_FORMAT = "view:mix:backend[:mtpK|glm52]"
+GLM52 = "glm52"  # the case suffix of GLM-5.2 (the writer's --generation 5.2)
 MTP_TARGET = 2 / 78  # issue 17: one draft step <= 2/78 of a target step (one layer + the head)
 ACCEPTANCE = (0.8, 0.9)  # published first-draft-token acceptance (DeepSeek's figures)
 TP8_RANKS = 8  # a TP8 rank's lm_head holds 1/8 of the vocabulary
@@ -109,12 +122,14 @@ class CaseError(ValueError):
 
 
 class Case(NamedTuple):
-    """One --cases entry: view:mix:backend and the optional 4th field mtpK (k = 0 without it)."""
+    """One --cases entry: view:mix:backend and the optional 4th field, mtpK (k = 0 without it)
+    or glm52 (generation "5.2": the GLM-5.2 IndexShare file)."""
 
     view: str
     mix: str
     backend: str
     k: int = 0
+    generation: str = "5"
 
     @property
     def nextn(self) -> int:
@@ -124,14 +139,19 @@ class Case(NamedTuple):
     @property
     def file_key(self) -> str:
         """The generated file's key (results["gen"]): a nextn file never shares a plain one's."""
-        return f"{self.view}:{self.mix}" + (":nextn1" if self.nextn else "")
+        return f"{self.view}:{self.mix}" + (":nextn1" if self.nextn else "") + self._glm52
+
+    @property
+    def _glm52(self) -> str:
+        return f":{GLM52}" if self.generation == "5.2" else ""
 
     def __str__(self) -> str:
-        return f"{self.view}:{self.mix}:{self.backend}" + (f":mtp{self.k}" if self.k else "")
+        mtp = f":mtp{self.k}" if self.k else ""
+        return f"{self.view}:{self.mix}:{self.backend}{mtp}{self._glm52}"
 
 
 def parse_case(text: str) -> Case:
-    """`view:mix:backend[:mtpK]` -> Case; CaseError names the bad field."""
+    """`view:mix:backend[:mtpK|glm52]` -> Case; CaseError names the bad field."""
     parts = text.split(":")
     if len(parts) not in (3, 4):
         raise CaseError(f"bad case {text!r}: {CASE_FORMAT}")
@@ -140,14 +160,17 @@ def parse_case(text: str) -> Case:
         raise CaseError(f"bad case {text!r}: view {view!r} is not one of {sorted(LAYERS)}")
     if backend not in DTYPE:
         raise CaseError(f"bad case {text!r}: backend {backend!r} is not one of {sorted(DTYPE)}")
-    k = 0
-    if len(parts) == 4:
+    k, generation = 0, "5"
+    if len(parts) == 4 and parts[3] == GLM52:
+        generation = "5.2"
+    elif len(parts) == 4:
         m = re.fullmatch(r"mtp([1-3])", parts[3])
         if m is None:
             raise CaseError(f"bad case {text!r}: 4th field {parts[3]!r} is not mtp1, mtp2 or "
-                            "mtp3 (MTP draft tokens K = 1..3)")  # fmt: skip
+                            f"mtp3 (MTP draft tokens K = 1..3) or {GLM52} (GLM-5.2's "
+                            "IndexShare)")  # fmt: skip
         k = int(m[1])
-    return Case(view, mix, backend, k)
+    return Case(view, mix, backend, k, generation)
 
 
 # kernel name -> family, first match wins (names as the CUDA/Triton kernels are called)
@@ -183,33 +206,45 @@ def log(msg: str) -> None:
 # --- checkpoint generation (parent) ----------------------------------------------------------
 
 
-def gen_name(view: str, mix: str, nextn: int = 0) -> str:
+def gen_name(view: str, mix: str, nextn: int = 0, generation: str = "5") -> str:
     """The folder (and merged file) name of one generated checkpoint."""
-    return f"{view}-{mix}" + ("-nextn1" if nextn else "")
+    glm52 = f"-{GLM52}" if generation == "5.2" else ""
+    return f"{view}-{mix}" + ("-nextn1" if nextn else "") + glm52
 
 
 def gen_command(
-    work: Path, view: str, mix: str, layers: int, experts: int, nextn: int = 0
+    work: Path,
+    view: str,
+    mix: str,
+    layers: int,
+    experts: int,
+    nextn: int = 0,
+    generation: str = "5",
 ) -> list[str]:
-    name = gen_name(view, mix, nextn)
+    name = gen_name(view, mix, nextn, generation)
     stem = work / name
     return [
         sys.executable, "-c",
         "import sys, glm5_gguf_writer as w; sys.exit(w.main(sys.argv[1:]))",
         "--mix", mix, "--view", view, "--layers", str(layers), "--experts", str(experts),
         *(["--nextn", "1"] if nextn else []),
+        *(["--generation", generation] if generation != "5" else []),
         "--out", str(stem / "shards" / f"GLM-5-{name}.gguf"), "--split-max-tensors", "24",
         "--hf-dir", str(stem / "hf"), "--force",
     ]  # fmt: skip
 
 
-def start_generation(work: Path, view: str, mix: str, layers: int, experts: int, nextn: int = 0):
-    d = work / gen_name(view, mix, nextn)
+def start_generation(
+    work: Path, view: str, mix: str, layers: int, experts: int, nextn: int = 0,
+    generation: str = "5",
+):  # fmt: skip
+    d = work / gen_name(view, mix, nextn, generation)
     done = d / "gen.json"
     if done.exists():  # a later call on the same (warm) machine reuses the merged file
         info = json.loads(done.read_text())
         same = info.get("layers") == layers and info.get("experts") == experts
         same = same and info.get("nextn", 0) == nextn
+        same = same and info.get("generation", "5") == generation
         if same and Path(info.get("gguf", "")).exists():
             return {"info": info | {"reused": True}, "dir": d}
     shutil.rmtree(d, ignore_errors=True)
@@ -217,8 +252,8 @@ def start_generation(work: Path, view: str, mix: str, layers: int, experts: int,
     env = dict(os.environ, PYTHONPATH=f"{SCRIPTS}:{os.environ.get('PYTHONPATH', '')}")
     log_f = open(d / "gen.log", "w")  # noqa: SIM115  (closed by finish_generation)
     t0 = time.time()
-    proc = subprocess.Popen(gen_command(work, view, mix, layers, experts, nextn), env=env,
-                            stdout=log_f, stderr=subprocess.STDOUT)  # fmt: skip
+    proc = subprocess.Popen(gen_command(work, view, mix, layers, experts, nextn, generation),
+                            env=env, stdout=log_f, stderr=subprocess.STDOUT)  # fmt: skip
     return {"proc": proc, "log": log_f, "t0": t0, "dir": d, "nextn": nextn}
 
 
@@ -720,10 +755,10 @@ def _writer():
 # --- estimates and report --------------------------------------------------------------------
 
 
-def layer_bytes(view: str, mix: str, layers: int, experts: int) -> dict:
+def layer_bytes(view: str, mix: str, layers: int, experts: int, generation: str = "5") -> dict:
     """Q8_0 (non-expert) bytes per dense and per MoE layer, from the writer's plan."""
     w = _writer()
-    geom = w.VIEWS[view](layers, experts)
+    geom = dataclasses.replace(w.VIEWS[view](layers, experts), generation=generation)
     out = {"dense": 0, "moe": 0, "n_dense": 0, "n_moe": 0}
     seen = set()
     for s in w.plan(geom, w.MIXES[mix]):
@@ -757,7 +792,7 @@ def estimate_78(case: dict, gen: dict) -> dict | None:
     if prof is None:
         return None
     c = parse_case(case["case"])
-    lb = layer_bytes(c.view, c.mix, gen["layers"], gen["experts"])
+    lb = layer_bytes(c.view, c.mix, gen["layers"], gen["experts"], c.generation)
     n = lb["n_dense"] + lb["n_moe"]
     b = prof["breakdown_us_per_step"]
     per_layer = sum(b.get(k, 0.0) for k in ("attention", "indexer_logits", "topk",
@@ -1018,6 +1053,103 @@ def mtp_lines(c: dict) -> list[str]:
     return rows
 
 
+INDEX_SHARE_CAVEATS = [
+    "step = the median full-batch decode step (host wall time of engine.step, CUDA graphs), "
+    "step_ms where absent; the saving is 5 minus 5.2 (positive: 5.2 is faster)",
+    "indexer_logits+topk: the torch-profiler families, profiled at (1, longest context) and "
+    "(largest batch, shortest context) only; '-' elsewhere",
+    "ESTIMATE 78 layers = saving / the view's shared layers x GLM-5.2's shared layers (57 of "
+    "78): no communication; the glm52 case's own estimate_78 row spreads its view's share of "
+    "shared layers over 78 layers, so read this one instead",
+]
+
+
+def _step_us(d: dict) -> tuple[float | None, str]:
+    for key in ("median_full_step_ms", "step_ms"):
+        if d.get(key) is not None:
+            return d[key] * 1e3, key
+    return None, ""
+
+
+def _indexer_us(d: dict) -> float | None:
+    b = d.get("breakdown_us_per_step")
+    return None if b is None else round(b.get("indexer_logits", 0.0) + b.get("topk", 0.0), 1)
+
+
+def index_share_summary(results: dict) -> list[dict]:
+    """For each `view:mix:backend:glm52` case whose plain `view:mix:backend` ran too (both
+    without error): per decode point both step times, the saving (5 - 5.2) in µs and %, the
+    profiled indexer_logits + topk per step of each, and the ESTIMATE for 78 layers (saving per
+    shared layer of the view x the shared layers of 78 by the writer's IndexShare rule)."""
+    w = _writer()
+    share = w.GENERATIONS["5.2"]
+    shared_78 = w.index_share_types(78, *share).count("shared")
+    ok = {c["case"]: c for c in results.get("cases", []) if "error" not in c}
+    out = []
+    for name, c52 in ok.items():
+        case = parse_case(name)
+        if case.generation != "5.2" or case.k:
+            continue
+        base = str(case._replace(generation="5"))
+        gen = results.get("gen", {}).get(case.file_key, {})
+        if base not in ok or "layers" not in gen:
+            continue
+        shared = [i for i, t in enumerate(w.index_share_types(gen["layers"], *share))
+                  if t == "shared"]  # fmt: skip
+        row: dict = {"case": name, "base_case": base, "layers": gen["layers"],
+                     "shared_layers": shared, "shared_78": shared_78, "points": []}  # fmt: skip
+        d5 = {(d["n"], d["prompt"]): d for d in ok[base].get("decode", [])}
+        for d52 in c52.get("decode", []):
+            d = d5.get((d52["n"], d52["prompt"]))
+            t52, key = _step_us(d52)
+            t5, key5 = _step_us(d) if d else (None, "")
+            if t52 is None or t5 is None:
+                continue
+            saving = t5 - t52
+            pt = {"batch": d52["n"], "context": d52["prompt"], "step_key": key,
+                  "step_us_5": round(t5, 1), "step_us_52": round(t52, 1),
+                  "saving_us": round(saving, 1), "saving_pct": round(100 * saving / t5, 2),
+                  "indexer_us_5": _indexer_us(d), "indexer_us_52": _indexer_us(d52)}  # fmt: skip
+            if key5 != key:
+                pt["step_key_5"] = key5
+            if shared:
+                per = saving / len(shared)
+                pt["estimate_78"] = {
+                    "label": "ESTIMATE (extrapolated, not measured)",
+                    "saving_per_shared_layer_us": round(per, 1),
+                    "saving_us": round(per * shared_78, 1),
+                    "arithmetic": f"{saving:.1f} / {len(shared)} x {shared_78} = "
+                    f"{per * shared_78:.1f} us",
+                }
+            row["points"].append(pt)
+        out.append(row)
+    return out
+
+
+def index_share_lines(summary: list[dict]) -> list[str]:
+    """The printed IndexShare block: one line per decode point of each glm52 / plain pair."""
+    rows: list[str] = []
+    for r in summary:
+        rows.append(f"IndexShare (issue 18): {r['case']} vs {r['base_case']}, shared layers "
+                    f"{r['shared_layers']} of {r['layers']}")  # fmt: skip
+        for pt in r["points"]:
+            idx = "/".join(str(pt[k]) if pt[k] is not None else "-"
+                           for k in ("indexer_us_52", "indexer_us_5"))  # fmt: skip
+            line = (f"  {pt['batch']}x{pt['context'] // 1024}k: step 5.2 {pt['step_us_52']} us vs "
+                    f"5 {pt['step_us_5']} us, saving {pt['saving_us']} us "
+                    f"({pt['saving_pct']}%); indexer_logits+topk 5.2/5 {idx} us/step")  # fmt: skip
+            if "estimate_78" in pt:
+                e = pt["estimate_78"]
+                line += (f"; ESTIMATE 78 layers: {e['saving_per_shared_layer_us']} us/shared "
+                         f"layer x {r['shared_78']} = {e['saving_us']} us/step")  # fmt: skip
+            rows.append(line)
+        if not r["points"]:
+            rows.append("  no decode point ran in both")
+    if summary:
+        rows.extend(f"  caveat: {x}" for x in INDEX_SHARE_CAVEATS)
+    return rows
+
+
 def table(results: dict) -> str:
     rows = ["case                           | load GiB | KV tok    | TTFT 4k s | decode tok/s "
             "(b x ctx)"]  # fmt: skip
@@ -1046,6 +1178,10 @@ def table(results: dict) -> str:
         for c in mtp:
             rows.extend(mtp_lines(c))
         rows.extend(f"  caveat: {x}" for x in MTP_CAVEATS)
+    share = index_share_summary(results)
+    if share:
+        rows.append("")
+        rows.extend(index_share_lines(share))
     for c in results["cases"]:
         if c.get("estimate_78"):
             e = c["estimate_78"]
@@ -1138,21 +1274,25 @@ def parent_main(args: argparse.Namespace) -> int:
         results["commit"] = None
     if any(c.k for c in cases):
         results["mtp_caveats"] = MTP_CAVEATS
-    files: list[tuple[str, str, int]] = []  # (view, mix, nextn): a nextn file is its own
+    # (view, mix, nextn, generation): a nextn or a GLM-5.2 file is its own
+    files: list[tuple[str, str, int, str]] = []
     for c in cases:
-        if (c.view, c.mix, c.nextn) not in files:
-            files.append((c.view, c.mix, c.nextn))
+        if (c.view, c.mix, c.nextn, c.generation) not in files:
+            files.append((c.view, c.mix, c.nextn, c.generation))
     # the writers run two at a time in the background, in case order
     jobs: dict = {}
     pending = list(files)
 
-    def start(key: tuple[str, str, int]) -> None:
-        view, mix, nextn = key
+    def start(key: tuple[str, str, int, str]) -> None:
+        view, mix, nextn, generation = key
         layers = args.layers or LAYERS[view]
-        jobs[key] = start_generation(work, view, mix, layers, args.experts, nextn)
+        jobs[key] = start_generation(work, view, mix, layers, args.experts, nextn, generation)
         jobs[key]["layers"] = layers
         if "info" not in jobs[key]:
-            log(f"writing {gen_name(view, mix, nextn)} ({layers} layers, {args.experts} experts)")
+            log(
+                f"writing {gen_name(view, mix, nextn, generation)} ({layers} layers, "
+                f"{args.experts} experts)"
+            )
 
     def top_up() -> None:
         while pending and sum(1 for j in jobs.values() if "info" not in j) < args.gen_parallel:
@@ -1166,7 +1306,7 @@ def parent_main(args: argparse.Namespace) -> int:
     rc = 0
     for case in cases:
         c = str(case)
-        key = (case.view, case.mix, case.nextn)
+        key = (case.view, case.mix, case.nextn, case.generation)
         left = deadline_left()
         if left < args.min_case_s:
             results["cases"].append({"case": c, "error": f"skipped: {left:.0f} s left"})
@@ -1179,7 +1319,8 @@ def parent_main(args: argparse.Namespace) -> int:
         if "info" not in job:
             job["info"] = finish_generation(job) | {"layers": job["layers"],
                                                     "experts": args.experts,
-                                                    "nextn": case.nextn}  # fmt: skip
+                                                    "nextn": case.nextn,
+                                                    "generation": case.generation}  # fmt: skip
             if "error" not in job["info"]:
                 (job["dir"] / "gen.json").write_text(json.dumps(job["info"]))
             log(f"{case.file_key}: {job['info']}")
@@ -1212,6 +1353,7 @@ def parent_main(args: argparse.Namespace) -> int:
             job["proc"].kill()
             job["log"].close()
     results["total_s"] = round(time.time() - t_start, 1)
+    results["index_share"] = index_share_summary(results)
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(results, indent=1))
     print(table(results))
@@ -1234,7 +1376,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--cases",
         help=f"comma list of {CASE_FORMAT}; mtpK (K = 1..3) makes an MTP "
-        "draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1 (default: the priority list)",
+        "draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1; glm52 serves the GLM-5.2 (IndexShare) "
+        "file, e.g. tp8:Q4_K_M:CUSTOM:glm52 (default: the priority list)",
     )
     p.add_argument("--list-cases", action="store_true", help="print the default cases and exit")
     p.add_argument("--mtp-context", type=int, default=4096,
@@ -1264,7 +1407,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_cases:
         print(
             f"{CASE_FORMAT}: views {sorted(LAYERS)}, backends {sorted(DTYPE)}, optional mtpK "
-            "(K = 1..3 draft tokens: the MTP draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1)"
+            "(K = 1..3 draft tokens: the MTP draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1) or "
+            f"{GLM52} (GLM-5.2's IndexShare file, compared with the plain case: "
+            "tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52)"
         )
         print("default cases:")
         print("\n".join(DEFAULT_CASES))

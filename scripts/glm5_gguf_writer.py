@@ -26,6 +26,15 @@ embed_tokens or shared_head.head, so neither does the file: patch 0009 drafts wi
 token_embd and output.weight. The HF config keeps num_hidden_layers = N and says
 num_nextn_predict_layers = 1. The default (0) writes the same bytes as before the option existed.
 
+`--generation 5.2` writes GLM-5.2 (IndexShare; issue 18): its config.json's index_topk_freq 4 /
+index_skip_topk_offset 3 make a trunk layer "shared" by vLLM 0.23.0's IndexCache rule
+(`index_share_types`, the rule of tests/support/tiny_glm5.py and patch 0007; 57 of 78 layers,
+layers 3-5 of the 6-layer tp8 view). A shared layer has no indexer.* tensors (it reuses the top-k
+of the last full layer), the file carries glm-dsa.attention.indexer.types (bool per trunk layer,
+True = full) right after indexer.top_k, as llama.cpp's converter writes it from indexer_types,
+and the HF config gets GLM-5.2's keys. The nextn block keeps its indexer. 5.1's config.json has
+GLM-5's keys, so `5.1` writes what `5` (the default, unchanged bytes) writes.
+
 Exit: 0 written, 1 bad input (unknown mix or type, a dimension a type cannot block, output exists
 without --force), 2 usage.
 """
@@ -49,16 +58,29 @@ EXAMPLES = """examples:
       --out /tmp/glm5/tp8-mtp.gguf --hf-dir /tmp/glm5/hf-mtp
   python scripts/glm5_gguf_writer.py --mix IQ4_XS --layers 5 --experts 32 --view tp8 \\
       --out /tmp/glm5/tp8.gguf
+  python scripts/glm5_gguf_writer.py --mix Q4_K_M --layers 6 --view tp8 --generation 5.2 \\
+      --out /tmp/glm52/tp8.gguf --hf-dir /tmp/glm52/hf
   python scripts/glm5_gguf_writer.py --list-mixes
 """
 
 WEIGHT_BOUND = 0.05  # max |dequantized weight|; activations of a few random layers stay small
 
 ARCH = "glm-dsa"
+# gguf-py 0.19's Keys.Attention.Indexer.TYPES (add_indexer_types); the pinned 0.18.0 has neither
+INDEXER_TYPES_KEY = f"{ARCH}.attention.indexer.types"
+# GLM generation -> IndexShare (index_topk_freq, index_skip_topk_offset); None: every layer full.
+# The same table as tests/support/tiny_glm5.py's GENERATIONS (a unit test compares them).
+GENERATIONS: dict[str, tuple[int, int] | None] = {"5": None, "5.1": None, "5.2": (4, 3)}
 
 
 class WriterError(Exception):
     """A bad request: the message is printed as `error: ...`."""
+
+
+def index_share_types(num_layers: int, freq: int, offset: int) -> list[str]:
+    """Per-layer "full"/"shared" of IndexShare: vLLM 0.23.0's IndexCache rule (deepseek_v2.py
+    `_skip_topk`), which yields llama.cpp's GLM_5_2_DEFAULT_INDEXER_TYPES for freq 4, offset 3."""
+    return ["shared" if max(i - offset + 1, 0) % freq else "full" for i in range(num_layers)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,6 +112,7 @@ class Geometry:
     routed_scaling: float = 2.5
     nextn: int = 0  # MTP/nextn blocks after the trunk (GLM-5 ships 1: blk.78)
     name: str = "glm5"
+    generation: str = "5"  # a GENERATIONS key: "5.2" shares the indexer (IndexShare)
 
     def __post_init__(self) -> None:
         if self.layers < 1 or self.experts < self.top_k or self.first_dense < 0:
@@ -99,9 +122,24 @@ class Geometry:
             )
         if self.nextn not in (0, 1):
             raise WriterError(f"nextn must be 0 or 1 (GLM-5 has one MTP layer), got {self.nextn}")
+        if self.generation not in GENERATIONS:
+            raise WriterError(
+                f"generation {self.generation!r}: choose one of {', '.join(GENERATIONS)}"
+            )
 
     def is_moe(self, layer: int) -> bool:
         return layer >= self.first_dense
+
+    @property
+    def indexer_types(self) -> list[str] | None:
+        """GLM-5.2's "full"/"shared" per trunk layer; None for GLM-5 / 5.1 (all full)."""
+        share = GENERATIONS[self.generation]
+        return None if share is None else index_share_types(self.layers, *share)
+
+    def has_indexer(self, layer: int) -> bool:
+        """False for a shared trunk layer (no indexer tensors); the nextn block keeps its own."""
+        types = self.indexer_types
+        return types is None or layer >= self.layers or types[layer] == "full"
 
 
 def glm5(layers: int = 4, experts: int = 256) -> Geometry:
@@ -261,11 +299,12 @@ def plan(geom: Geometry, mix: Mix) -> list[TensorSpec]:
             add(p + "ffn_gate.weight", (g.hidden, g.dense_inter), "dense")
             add(p + "ffn_up.weight", (g.hidden, g.dense_inter), "dense")
         add(p + "ffn_norm.weight", (g.hidden,), "f32")
-        add(p + "indexer.k_norm.bias", (g.index_dim,), "f32")
-        add(p + "indexer.k_norm.weight", (g.index_dim,), "f32")
-        add(p + "indexer.proj.weight", (g.hidden, g.index_heads), "f32")
-        add(p + "indexer.attn_k.weight", (g.hidden, g.index_dim), "attn")
-        add(p + "indexer.attn_q_b.weight", (g.q_lora, g.index_heads * g.index_dim), "attn")
+        if g.has_indexer(layer):  # a GLM-5.2 shared layer has none
+            add(p + "indexer.k_norm.bias", (g.index_dim,), "f32")
+            add(p + "indexer.k_norm.weight", (g.index_dim,), "f32")
+            add(p + "indexer.proj.weight", (g.hidden, g.index_heads), "f32")
+            add(p + "indexer.attn_k.weight", (g.hidden, g.index_dim), "attn")
+            add(p + "indexer.attn_q_b.weight", (g.q_lora, g.index_heads * g.index_dim), "attn")
         add(p + "attn_kv_a_norm.weight", (g.kv_lora,), "f32")
         add(p + "attn_kv_a_mqa.weight", (g.hidden, g.kv_lora + g.qk_rope), "attn")
         # ne0 = qk_nope (192) cannot hold a 256-wide K/IQ block: every published file has it Q8_0
@@ -414,7 +453,8 @@ def write_metadata(w, geom: Geometry, mix: Mix) -> None:  # w: gguf.GGUFWriter
 
     g = geom
     w.add_type(gguf.GGUFType.MODEL)
-    w.add_name(f"GLM-5 geometry {g.name} (random weights)")
+    gen = "GLM-5" if g.indexer_types is None else f"GLM-{g.generation}"
+    w.add_name(f"{gen} geometry {g.name} (random weights)")
     w.add_size_label(f"{g.experts}x{g.layers}L")
     w.add_block_count(g.layers + g.nextn)
     w.add_context_length(g.context)
@@ -448,6 +488,8 @@ def write_metadata(w, geom: Geometry, mix: Mix) -> None:  # w: gguf.GGUFWriter
     w.add_indexer_head_count(g.index_heads)
     w.add_indexer_key_length(g.index_dim)
     w.add_indexer_top_k(g.index_topk)
+    if (types := g.indexer_types) is not None:  # the converter's add_indexer_types, same place
+        w.add_array(INDEXER_TYPES_KEY, [t == "full" for t in types])
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("glm4")
@@ -511,6 +553,14 @@ def hf_config(geom: Geometry) -> dict:
         # patch 0009's draft reads blk.<num_hidden_layers>.. from here (num_hidden_layers: trunk)
         "num_nextn_predict_layers": g.nextn,
     }
+    if (share := GENERATIONS[g.generation]) is not None:
+        # GLM-5.2's config.json carries both the rule and the list it expands to (tiny_glm5's)
+        cfg |= {
+            "index_topk_freq": share[0],
+            "index_skip_topk_offset": share[1],
+            "index_topk_pattern": None,
+            "indexer_types": g.indexer_types,
+        }
     if g.shared_inter != g.moe_inter:
         # vLLM sizes the shared expert as moe_intermediate_size * n_shared_experts
         raise WriterError("hf_config needs shared_inter == moe_inter")
@@ -603,6 +653,13 @@ def main(argv: list[str] | None = None) -> int:
         default=0,
         help="append GLM-5's MTP/nextn block as blk.<layers> (default %(default)s)",
     )
+    p.add_argument(
+        "--generation",
+        choices=tuple(GENERATIONS),
+        default="5",
+        help="GLM generation; 5.2 adds IndexShare: shared layers lose their indexer tensors "
+        "(default %(default)s)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-max-tensors", type=int, default=0, help="shard every N tensors")
     p.add_argument("--hf-dir", type=Path, help="also write config.json for --hf-config-path")
@@ -618,7 +675,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.mix not in MIXES:
             raise WriterError(f"unknown mix {args.mix!r} (known: {', '.join(MIXES)})")
-        geom = dataclasses.replace(VIEWS[args.view](args.layers, args.experts), nextn=args.nextn)
+        geom = dataclasses.replace(
+            VIEWS[args.view](args.layers, args.experts),
+            nextn=args.nextn,
+            generation=args.generation,
+        )
         paths = write_gguf(
             args.out,
             geom,

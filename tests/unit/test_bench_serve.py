@@ -1,5 +1,6 @@
-"""benchmarks/bench_serve.py on the CPU: case parsing (the MTP field), the generation of a nextn
-file, the MTP speed-up arithmetic (values checked by hand) and the report of an MTP case's JSON.
+"""benchmarks/bench_serve.py on the CPU: case parsing (the MTP and glm52 fields), the generation
+of a nextn and of a GLM-5.2 file, the MTP speed-up arithmetic (values checked by hand), the report
+of an MTP case's JSON and the IndexShare comparison (issue 18) of a synthetic one.
 The GPU measurement itself (StepTimer's CUDA events inside vLLM) runs only on a GPU host; the
 runtime-tier test at the end checks that the vLLM methods it wraps have the arguments it reads.
 """
@@ -36,7 +37,12 @@ def test_mtp_case_parses() -> None:
         ("tp8:Q4_K_M:CUSTOM:mtpx", "4th field 'mtpx'"),
         ("tp9:Q4_K_M:CUSTOM:mtp1", "view 'tp9'"),
         ("tp8:Q4_K_M:FLASH:mtp1", "backend 'FLASH'"),
-        ("tp8:Q4_K_M:CUSTOM:mtp1:x", "view:mix:backend[:mtpK]"),
+        ("tp8:Q4_K_M:CUSTOM:mtp1:x", "view:mix:backend[:mtpK|glm52]"),
+        (
+            "tp8:Q4_K_M:CUSTOM:glm5",
+            "4th field 'glm5' is not mtp1, mtp2 or mtp3 (MTP draft tokens K = 1..3) or glm52",
+        ),
+        ("tp8:Q4_K_M:CUSTOM:glm52:mtp1", "view:mix:backend[:mtpK|glm52]"),
     ],
 )
 def test_bad_case_is_one_error_line_naming_the_field(case: str, field: str, capsys) -> None:
@@ -51,12 +57,14 @@ def test_bad_case_is_one_error_line_naming_the_field(case: str, field: str, caps
 def test_list_cases_and_help_show_the_mtp_field(capsys) -> None:
     assert bs.main(["--list-cases"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("view:mix:backend[:mtpK]") and "tp8:Q4_K_M:CUSTOM:mtp1" in out
+    assert out.startswith("view:mix:backend[:mtpK|glm52]") and "tp8:Q4_K_M:CUSTOM:mtp1" in out
+    assert "tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52" in out
     assert "tp8:Q4_K_M:CUSTOM\n" in out  # the default cases follow
     with pytest.raises(SystemExit):
         bs.main(["--help"])
     out = capsys.readouterr().out
-    assert "view:mix:backend[:mtpK]" in out and "--mtp-context" in out
+    assert "view:mix:backend[:mtpK|glm52]" in out and "--mtp-context" in out
+    assert "tp8:Q4_K_M:CUSTOM:glm52" in out
 
 
 def test_gen_command_writes_a_nextn_file_apart_from_the_plain_one(tmp_path: Path) -> None:
@@ -82,6 +90,107 @@ def test_generation_of_a_nextn_file_checks_its_block(tmp_path: Path) -> None:
     assert json.loads(info["nextn_check"]["out"])["nextn_blocks"] == [3]
     cfg = json.loads((Path(info["hf"]) / "config.json").read_text())
     assert cfg["num_nextn_predict_layers"] == 1 and cfg["num_hidden_layers"] == 3
+
+
+def test_glm52_case_parses_to_its_own_file() -> None:
+    c = bs.parse_case("tp8:Q4_K_M:CUSTOM:glm52")
+    assert c == bs.Case("tp8", "Q4_K_M", "CUSTOM", 0, "5.2")
+    assert str(c) == "tp8:Q4_K_M:CUSTOM:glm52" and c.nextn == 0 and c.k == 0
+    assert c.file_key == "tp8:Q4_K_M:glm52"
+    assert bs.parse_case("tp8:Q4_K_M:CUSTOM").generation == "5"
+    assert bs.parse_case("tp8:Q4_K_M:CUSTOM:mtp1").generation == "5"
+    assert bs.gen_name("tp8", "Q4_K_M", 0, "5.2") == "tp8-Q4_K_M-glm52"
+    cmd = bs.gen_command(Path("/w"), "tp8", "Q4_K_M", 6, 256, generation="5.2")
+    assert cmd[cmd.index("--generation") + 1] == "5.2" and "--nextn" not in cmd
+    assert cmd[cmd.index("--out") + 1] == "/w/tp8-Q4_K_M-glm52/shards/GLM-5-tp8-Q4_K_M-glm52.gguf"
+    assert "--generation" not in bs.gen_command(Path("/w"), "tp8", "Q4_K_M", 6, 256)
+
+
+def test_generation_of_a_glm52_file_passes_the_types_check(tmp_path: Path) -> None:
+    # 4 tiny layers: blk.3 is shared (max(3 - 3 + 1, 0) % 4 = 1), so it has no indexer
+    job = bs.start_generation(tmp_path, "tiny", "Q4_K_M", 4, 8, generation="5.2")
+    info = bs.finish_generation(job)
+    assert "error" not in info, info
+    assert Path(info["gguf"]).name == "GLM-5-tiny-Q4_K_M-glm52.gguf"
+    assert info["types_check"]["rc"] == 0
+    cfg = json.loads((Path(info["hf"]) / "config.json").read_text())
+    assert cfg["indexer_types"] == ["full", "full", "full", "shared"]
+    assert cfg["index_topk_freq"] == 4 and cfg["index_skip_topk_offset"] == 3
+    import gguf
+
+    names = {t.name for t in gguf.GGUFReader(info["gguf"]).tensors}
+    assert "blk.2.indexer.attn_k.weight" in names and "blk.3.indexer.attn_k.weight" not in names
+    lb5 = bs.layer_bytes("tiny", "Q4_K_M", 4, 8)
+    lb52 = bs.layer_bytes("tiny", "Q4_K_M", 4, 8, "5.2")
+    # blk.3, one of the 3 MoE layers (blk.1-3), loses Q8_0 wq_b 256 x 4096 and wk 512 x 128:
+    # the per-MoE-layer mean drops by a third of that
+    assert lb5["n_moe"] == lb52["n_moe"] == 3
+    assert lb52["moe"] == (3 * lb5["moe"] - (256 * 4096 + 512 * 128) * 34 // 32) // 3
+    assert lb5["dense"] == lb52["dense"]
+
+
+def index_share_results() -> dict:
+    """Two tp8 cases as parent_main stores them: the plain file and its glm52 twin."""
+
+    def dec(n: int, prompt: int, step_ms: float, fam: dict | None = None) -> dict:
+        d = {"n": n, "prompt": prompt, "step_ms": step_ms + 0.5, "median_full_step_ms": step_ms}
+        return d | ({"breakdown_us_per_step": fam, "gpu_us_per_step": 5000.0} if fam else {})
+
+    five = [dec(1, 4096, 10.0), dec(32, 4096, 20.0, {"indexer_logits": 300.0, "topk": 300.0,
+                                                     "attention": 900.0}),
+            dec(1, 32768, 12.0, {"indexer_logits": 100.0, "topk": 140.0})]  # fmt: skip
+    glm52 = [dec(1, 4096, 9.7), dec(32, 4096, 19.1, {"indexer_logits": 150.0, "topk": 150.0}),
+             dec(1, 32768, 12.3, {"indexer_logits": 50.0, "topk": 70.0})]  # fmt: skip
+    gen = {"layers": 6, "experts": 256}
+    return {
+        "cases": [{"case": "tp8:Q4_K_M:CUSTOM", "decode": five},
+                  {"case": "tp8:Q4_K_M:CUSTOM:glm52", "decode": glm52},
+                  {"case": "tp8:Q4_K_M:FLASHMLA_SPARSE:glm52", "error": "boom"}],
+        "gen": {"tp8:Q4_K_M": gen, "tp8:Q4_K_M:glm52": gen | {"generation": "5.2"}},
+    }  # fmt: skip
+
+
+def test_index_share_summary_by_hand() -> None:
+    (r,) = bs.index_share_summary(index_share_results())
+    assert (r["case"], r["base_case"]) == ("tp8:Q4_K_M:CUSTOM:glm52", "tp8:Q4_K_M:CUSTOM")
+    assert r["shared_layers"] == [3, 4, 5] and r["shared_78"] == 57
+    p1, p32, p1_32k = r["points"]
+    # b1@4k: 10000 - 9700 = 300 us = 3%; 300 / 3 = 100 us per shared layer x 57 = 5700 us
+    assert (p1["step_us_5"], p1["step_us_52"], p1["saving_us"], p1["saving_pct"]) == (
+        10000.0, 9700.0, 300.0, 3.0)  # fmt: skip
+    assert p1["step_key"] == "median_full_step_ms"
+    assert p1["indexer_us_5"] is None and p1["indexer_us_52"] is None  # not profiled there
+    assert p1["estimate_78"]["saving_per_shared_layer_us"] == 100.0
+    assert p1["estimate_78"]["saving_us"] == 5700.0
+    assert p1["estimate_78"]["arithmetic"] == "300.0 / 3 x 57 = 5700.0 us"
+    assert p1["estimate_78"]["label"].startswith("ESTIMATE")
+    # b32@4k: 900 us = 4.5%; indexer 600 vs 300 per step
+    assert (p32["saving_us"], p32["saving_pct"]) == (900.0, 4.5)
+    assert (p32["indexer_us_5"], p32["indexer_us_52"]) == (600.0, 300.0)
+    assert p32["estimate_78"]["saving_us"] == 17100.0  # 300 x 57
+    # b1@32k: 5.2 slower by 300 us: a negative saving is reported as measured
+    assert (p1_32k["saving_us"], p1_32k["saving_pct"]) == (-300.0, -2.5)
+    assert (p1_32k["indexer_us_5"], p1_32k["indexer_us_52"]) == (240.0, 120.0)
+
+
+def test_index_share_lines_in_the_report(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "serve.json"
+    path.write_text(json.dumps(index_share_results()))
+    assert bs.main(["--report", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ("IndexShare (issue 18): tp8:Q4_K_M:CUSTOM:glm52 vs tp8:Q4_K_M:CUSTOM, shared layers "
+            "[3, 4, 5] of 6") in out  # fmt: skip
+    assert ("  1x4k: step 5.2 9700.0 us vs 5 10000.0 us, saving 300.0 us (3.0%); "
+            "indexer_logits+topk 5.2/5 -/- us/step; ESTIMATE 78 layers: 100.0 us/shared layer "
+            "x 57 = 5700.0 us/step") in out  # fmt: skip
+    assert "  32x4k: step 5.2 19100.0 us vs 5 20000.0 us, saving 900.0 us (4.5%); " in out
+    assert "indexer_logits+topk 5.2/5 300.0/600.0 us/step" in out
+    assert out.count("caveat: ") == len(bs.INDEX_SHARE_CAVEATS)
+    # without the plain case there is nothing to compare
+    res = index_share_results()
+    res["cases"] = res["cases"][1:]
+    assert bs.index_share_summary(res) == []
+    assert "IndexShare" not in bs.table(res)
 
 
 def test_mtp_speedup_arithmetic() -> None:

@@ -2,7 +2,9 @@
 
 Full GLM-5 geometry is checked on the tensor plan (no bytes written); tiny files of every
 published mix are written as split shards, merged with scripts/gguf_merge.py and read back by
-gguf-py's own reader and dequantizer.
+gguf-py's own reader and dequantizer. GLM-5.2's IndexShare (--generation 5.2): the plan drops
+exactly the shared layers' indexers (tests/support/tiny_glm5.py's rule), the file carries
+llama.cpp's indexer.types key and the HF config tiny_glm5's GLM-5.2 keys.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import glm5_gguf_writer as w
 import numpy as np
 import pytest
 from gguf.quants import dequantize
+from support import tiny_glm5
 
 Q = gguf.GGMLQuantizationType
 
@@ -344,3 +347,109 @@ def test_gguf_nextn_check_accepts_nextn_1_and_refuses_nextn_0(
     err = capsys.readouterr().err
     assert err.startswith(f"error: {nextn_files[0] / 't.gguf'} has no complete MTP/nextn layer")
     assert "nextn_predict_layers=0, nextn eh_proj tensors in blocks [] of 3" in err
+
+
+# --- GLM-5.2's IndexShare (--generation 5.2; issue 18) ----------------------------------------
+
+INDEXER = ("indexer.k_norm.bias", "indexer.k_norm.weight", "indexer.proj.weight",
+           "indexer.attn_k.weight", "indexer.attn_q_b.weight")  # fmt: skip
+
+
+def test_index_share_rule_is_tiny_glm5s() -> None:
+    # scripts/ cannot import tests/: the two copies of the rule must agree
+    assert w.GENERATIONS == tiny_glm5.GENERATIONS
+    for n in (1, 3, 6, 7, 12, 78):
+        assert w.index_share_types(n, 4, 3) == tiny_glm5.index_share_types(n, 4, 3)
+    types = w.index_share_types(78, 4, 3)
+    assert types.count("full") == 21 and types.count("shared") == 57  # GLM-5.2's config.json
+    assert w.index_share_types(7, 4, 3) == ["full"] * 3 + ["shared"] * 3 + ["full"]
+
+
+@pytest.mark.parametrize(("view", "layers", "shared"), [("tp8", 6, [3, 4, 5]),
+                                                        ("tiny", 7, [3, 4, 5])])  # fmt: skip
+def test_glm52_plan_omits_exactly_the_shared_layers_indexers(
+    view: str, layers: int, shared: list[int]
+) -> None:
+    base = w.VIEWS[view](layers, 8)
+    plain = w.plan(base, w.MIXES["Q4_K_M"])
+    g52 = dataclasses.replace(base, generation="5.2")
+    specs = w.plan(g52, w.MIXES["Q4_K_M"])
+    assert [i for i in range(layers) if not g52.has_indexer(i)] == shared
+    missing = {s.name for s in plain} - {s.name for s in specs}
+    assert missing == {f"blk.{i}.{t}" for i in shared for t in INDEXER}
+    # everything else is the same tensor in the same order
+    assert specs == [s for s in plain if s.name not in missing]
+    assert w.plan(dataclasses.replace(base, generation="5.1"), w.MIXES["Q4_K_M"]) == plain
+
+
+def test_glm52_full_geometry_drops_57_indexers_and_keeps_the_nextn_ones() -> None:
+    g = dataclasses.replace(w.glm5(layers=78), nextn=1)
+    plain = by_name(w.plan(g, w.MIXES["Q4_K_M"]))
+    specs = by_name(w.plan(dataclasses.replace(g, generation="5.2"), w.MIXES["Q4_K_M"]))
+    assert len(plain) - len(specs) == 57 * len(INDEXER)
+    assert "blk.78.indexer.attn_k.weight" in specs  # the MTP block's own indexer
+    assert "blk.74.indexer.attn_k.weight" in specs and "blk.75.indexer.attn_k.weight" not in specs
+    saved = sum(w.nbytes(s) for s in plain.values()) - sum(w.nbytes(s) for s in specs.values())
+    # per layer: Q8_0 wq_b 2048 x 4096 + wk 6144 x 128 (34 / 32 bytes) + F32 proj + k_norm
+    per_layer = (2048 * 4096 + 6144 * 128) * 34 // 32 + (6144 * 32 + 2 * 128) * 4
+    assert saved == 57 * per_layer
+
+
+def test_unknown_generation_is_refused() -> None:
+    with pytest.raises(w.WriterError, match="generation '6': choose one of 5, 5.1, 5.2"):
+        w.Geometry(generation="6")
+
+
+@pytest.fixture(scope="module")
+def glm52_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("glm52")
+    argv = ["--mix", "Q4_K_M", "--view", "tiny", "--layers", "7", "--experts", "8",
+            "--generation", "5.2", "--out", str(d / "t.gguf"),
+            "--hf-dir", str(d / "hf")]  # fmt: skip
+    assert w.main(argv) == 0
+    return d
+
+
+def test_glm52_file_has_llama_cpps_indexer_types_key(glm52_file: Path) -> None:
+    reader = gguf.GGUFReader(glm52_file / "t.gguf")
+    field = reader.get_field("glm-dsa.attention.indexer.types")
+    assert field is not None
+    # what tests/support/vllm_index_share_load.py reads from a llama.cpp conversion
+    assert [bool(v) for v in field.contents()] == [True, True, True, False, False, False, True]
+    assert field.types == [gguf.GGUFValueType.ARRAY, gguf.GGUFValueType.BOOL]
+    keys = [k for k in reader.fields if not k.startswith("tok")]
+    at = keys.index("glm-dsa.attention.indexer.types")
+    assert keys[at - 1] == "glm-dsa.attention.indexer.top_k"  # the converter's place
+    geom = dataclasses.replace(w.tiny(layers=7), generation="5.2")
+    got = [(t.name, tuple(int(x) for x in t.shape), t.tensor_type.name) for t in reader.tensors]
+    assert got == [(s.name, s.ne, s.type_name) for s in w.plan(geom, w.MIXES["Q4_K_M"])]
+    assert {t.name for t in reader.tensors if ".indexer." in t.name} == {
+        f"blk.{i}.{t}" for i in (0, 1, 2, 6) for t in INDEXER
+    }
+    assert "GLM-5.2" in reader.get_field("general.name").contents()
+
+
+def test_glm5_file_has_no_indexer_types_key(tmp_path: Path) -> None:
+    out = tmp_path / "t.gguf"
+    argv = ["--view", "tiny", "--layers", "7", "--experts", "8", "--generation", "5.1",
+            "--out", str(out)]  # fmt: skip
+    assert w.main(argv) == 0
+    reader = gguf.GGUFReader(out)
+    assert reader.get_field("glm-dsa.attention.indexer.types") is None
+    assert sum(1 for t in reader.tensors if t.name.endswith("indexer.attn_k.weight")) == 7
+
+
+def test_glm52_hf_config_has_glm52s_keys(glm52_file: Path) -> None:
+    cfg = json.loads((glm52_file / "hf" / "config.json").read_text())
+    ref = tiny_glm5.config(7, 0, generation="5.2")
+    keys = ("index_topk_freq", "index_skip_topk_offset", "index_topk_pattern", "indexer_types")
+    assert {k: cfg[k] for k in keys} == {
+        "index_topk_freq": 4,
+        "index_skip_topk_offset": 3,
+        "index_topk_pattern": None,
+        "indexer_types": ["full"] * 3 + ["shared"] * 3 + ["full"],
+    }
+    assert {k: cfg[k] for k in keys} == {k: ref[k] for k in keys}
+    plain = w.hf_config(w.tiny(layers=7))
+    assert {k: v for k, v in cfg.items() if k not in keys} == plain
+    assert not set(keys) & set(plain)
