@@ -39,10 +39,18 @@ the float16/float64 + Q8_1 reference vs float64: median 0.099-0.121, p90 0.547-0
 alone 0.007/0.025; a wrong rope, routing scale or expert count moves it by median > 1.1). Its
 sparse region is not comparable: there the served indexer scores fp8 q and keys (vLLM's Indexer
 quantises them before either MQA-logits path) and the reference float64 ones, so near-tied keys
-at the top-k boundary swap; the counterfactuals judge that region.
+at the top-k boundary swap (key overlap 0.87-0.98 per layer on the H100 run of 2026-12-06), and
+those swaps move the sparse logprobs (median 1.07) as far as a wrong IndexShare source does
+(1.06-1.20): the counterfactuals alone cannot tell right from wrong there. With --topk (the
+indexshare step's dump of prompt 0, every layer's selected rows) the sparse region is judged on
+the served selection instead: the reference's full layers attend the keys the server selected
+(glm5_reference.forward's given_topk), its shared layers reuse them by its own IndexShare rule,
+and the counterfactuals reuse another full layer's served rows (same run: served 0.137 vs
+counterfactuals 0.395 / 0.431, margin 2.9x). Without --topk the counterfactual rule judges.
 Verdict: dense median and p90 within FLOOR_FACTOR x the floor's (the plugin proof's rule,
 tests/e2e/plugin_proof.py; with --sensitivity-dtype none the floor is the spread alone) and the
-sparse region closer than every counterfactual. Greedy divergences are reported, with the
+sparse region closer than every counterfactual (on the served selection when --topk is given).
+Greedy divergences are reported, with the
 reference's margin and whether it is within the spread's max, not judged: the plugin proof does
 the same with its own, and every generated token sits in the sparse region (measured here on
 CPU: a float16 run of this reference, nothing else changed, diverges from the float64 one with
@@ -164,6 +172,27 @@ def compare_run(
     }
 
 
+def compare_given(
+    run: dict[str, Any], ref: Rows, index_topk: int, counterfactuals: dict[str, Rows]
+) -> dict[str, Any]:
+    """The dumped prompt on the served selection: |served - reference| of its sparse-region
+    prompt logprobs, the reference's full layers attending the keys the server selected (the
+    top-k dump), and the same against each counterfactual on that selection."""
+    served = served_prompt(run)[index_topk:]  # prompt tokens j > index_topk
+    if len(ref) < len(served) + index_topk:
+        raise CheckError(f"given-selection reference has {len(ref)} rows, needs "
+                         f"{len(served) + index_topk}")  # fmt: skip
+
+    def diffs(rows: Rows) -> list[float]:
+        return [abs(lp - float(rows[j - 1][tok]))
+                for j, (tok, lp, _, _) in enumerate(served, start=index_topk + 1)]  # fmt: skip
+
+    return {
+        "diffs": diffs(ref),
+        "counterfactual_diffs": {k: diffs(v) for k, v in counterfactuals.items()},
+    }
+
+
 def spread_from_captures(
     a: dict[str, Any], b: dict[str, Any], source: str, index_topk: int
 ) -> dict[str, Any]:
@@ -208,10 +237,11 @@ def floor_of(spread: dict[str, Any], sensitivity: dict[str, Any] | None) -> dict
 
 def judge(
     results: list[dict[str, Any]], spread: dict[str, Any],
-    sensitivity: dict[str, Any] | None = None,
+    sensitivity: dict[str, Any] | None = None, given: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """The verdict of every prompt's comparison against the floor (see the module docstring):
-    ``sensitivity``, the served-arithmetic reference's dense-region quantiles, when measured."""
+    ``sensitivity``, the served-arithmetic reference's dense-region quantiles, when measured;
+    ``given``, compare_given's result for the dumped prompt, when the top-k dump came along."""
     every = quantiles([d for r in results for d in r["prompt_token_diffs"]])
     dense = quantiles([d for r in results for d in r["prompt_token_diffs"][: r["dense"]]])
     rest = [d for r in results for d in r["prompt_token_diffs"][r["dense"] :]]
@@ -231,10 +261,24 @@ def judge(
     share_ok = None if not (sparse and cf) else all(
         sparse["median"] < q["median"] for q in cf.values()
     )  # fmt: skip
+    given_out = None
+    if given is not None and given["counterfactual_diffs"]:
+        g = quantiles(given["diffs"])
+        gcf = {k: quantiles(v) for k, v in sorted(given["counterfactual_diffs"].items())}
+        given_ok = all(g["median"] < q["median"] for q in gcf.values())
+        given_out = {
+            "sparse": g, "counterfactual": gcf, "closer_than_every_counterfactual": given_ok,
+            "margin": round(min(q["median"] for q in gcf.values()) / max(g["median"], 1e-12), 3),
+            "rule": "the dumped prompt's sparse region, the reference's full layers attending "
+            "the keys the server selected: the served logprobs' median distance to the "
+            "reference is below their distance to every counterfactual on that selection; "
+            "margin = the nearest counterfactual's median / the reference's",
+        }  # fmt: skip
+    sel_ok = given_out["closer_than_every_counterfactual"] if given_out else share_ok
     for d in divergences:
         d["within_spread_max"] = d["ref_gap"] <= spread["max"]
     return {
-        "passed": dense_ok and share_ok is not False,
+        "passed": dense_ok and sel_ok is not False,
         "prompt_logprobs": {
             "actual_token": every, "top1_choice": top,
             "top1_agree": sum(r["top1_agree"] for r in results), "positions": positions,
@@ -246,9 +290,14 @@ def judge(
         },
         "index_share": {
             "sparse": sparse, "counterfactual": cf, "closer_than_every_counterfactual": share_ok,
+            "judged": given_out is None,
             "rule": "sparse region (queries >= index_topk): the served logprobs' median "
             "distance to the reference is below their distance to every counterfactual "
-            "reference whose shared layers reuse another full layer's top-k",
+            "reference whose shared layers reuse another full layer's top-k; reported only "
+            "when the given-selection check ran: the reference's own float64 selection differs "
+            "from the served fp8 one, which moves these logprobs as far as a wrong IndexShare "
+            "source does",
+            "given_selection": given_out,
         },
         "greedy": {
             "prompts": len(results),
@@ -300,13 +349,16 @@ def counterfactual_sources(cfg: dict[str, Any]) -> list[int]:
 def run_reference(
     capture: dict[str, Any], gguf: Path, cfg: dict[str, Any], device: str,
     sensitivity: str | None = None, act_quant: bool = True,
+    served_topk: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Per prompt, teacher-forced on prompt + served tokens: the reference's log-prob rows
     ("rows"), the counterfactual references' ("counterfactuals": {name: rows}); prompt 0's top-k
     rows ("topk0"); with ``sensitivity`` (a dtype name), per prompt the |logprob change| of its
     tokens 1..n-1 when the same reference runs in that arithmetic ("moved"), with ``act_quant``
     the inputs of the GGUF's quantised weights rounded as vLLM's GGUF kernels round them
-    ("act_quant": how many weights)."""
+    ("act_quant": how many weights); with ``served_topk`` (the dump of prompt 0, {"layerN":
+    rows}) and shared layers in the config, prompt 0 alone with every full layer attending the
+    served selection, and its counterfactuals on it ("given": {"rows", "counterfactuals"})."""
     import torch
     from support import glm5_reference as ref
 
@@ -314,8 +366,31 @@ def run_reference(
     w = {k: v.to(device) for k, v in w.items()}
     aq = ref.gguf_quantized_names(gguf, cfg) if act_quant else []
     out: dict[str, Any] = {"rows": [], "counterfactuals": [], "topk0": {}, "moved": [],
-                           "act_quant": len(aq)}  # fmt: skip
+                           "act_quant": len(aq), "given": None}  # fmt: skip
+    given = None
+    if served_topk is not None and counterfactual_sources(cfg):
+        full = [i for i, t in enumerate(ref.layer_types(cfg)) if t == "full"]
+        n0 = len(capture["runs"][0]["prompt"])
+        lacking = [i for i in full if f"layer{i}" not in served_topk]
+        if lacking:
+            raise CheckError(f"the top-k dump lacks full layers {lacking}")
+        short = [i for i in full if len(served_topk[f"layer{i}"]) < n0]
+        if short:
+            raise CheckError(f"the top-k dump of layers {short} has fewer rows than prompt 0's "
+                             f"{n0} tokens")  # fmt: skip
+        given = {i: served_topk[f"layer{i}"] for i in full}
     with torch.no_grad():
+        if given is not None:
+            ids0 = list(capture["runs"][0]["prompt"])
+            out["given"] = {
+                "rows": ref.logprobs(ref.forward(cfg, w, ids0, device=device,
+                                                 given_topk=given)[0]).cpu(),
+                "counterfactuals": {
+                    f"shared_reuse_layer{f}": ref.logprobs(ref.forward(
+                        cfg, w, ids0, device=device, given_topk=given, share_from=f)[0]).cpu()
+                    for f in counterfactual_sources(cfg)
+                },
+            }  # fmt: skip
         for i, run in enumerate(capture["runs"]):
             seq = list(run["prompt"]) + list(run.get("token_ids") or [])[:-1]
             logits, topk = ref.forward(cfg, w, seq, device=device)
@@ -343,7 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--capture", type=Path, required=True, help="capture.json of the served model")
     p.add_argument("--gguf", type=Path, required=True, help="the GGUF the server loaded")
     p.add_argument("--hf-dir", type=Path, required=True, help="the HF dir (config.json)")
-    p.add_argument("--topk", type=Path, help="topk.pt of the indexshare step (report only)")
+    p.add_argument(
+        "--topk",
+        type=Path,
+        help="topk.pt of the indexshare step: judges the "
+        "sparse region on the served selection (GLM-5.2), and the per-layer key "
+        "agreement",
+    )
     p.add_argument("--spread-capture", type=Path, help="the same capture from another backend")
     p.add_argument("--spread-json", type=Path, default=PLUGIN_PROOF, help="plugin proof.json")
     p.add_argument("--spread-floor", choices=sorted(FLOOR_NAMES), default="dtype")
@@ -377,7 +458,8 @@ def main(argv: list[str] | None = None) -> int:
         if device == "auto":
             device = "cuda" if torch.cuda.is_available() else "cpu"
         sens = None if args.sensitivity_dtype == "none" else args.sensitivity_dtype
-        got = run_reference(capture, args.gguf, cfg, device, sens, args.act_quant == "gguf")
+        served = torch.load(args.topk) if args.topk else None
+        got = run_reference(capture, args.gguf, cfg, device, sens, args.act_quant == "gguf", served)
         topk0, moved = got["topk0"], got["moved"]
         results = [
             compare_run(r, rows, cfg["index_topk"], cf)
@@ -389,7 +471,11 @@ def main(argv: list[str] | None = None) -> int:
         if sens:
             dense_moved = [d for r, m in zip(results, moved, strict=True) for d in m[: r["dense"]]]
             sens_q = quantiles(dense_moved)
-        verdict = judge(results, spread, sens_q)
+        given = got["given"] and compare_given(
+            capture["runs"][0], got["given"]["rows"], cfg["index_topk"],
+            got["given"]["counterfactuals"],
+        )  # fmt: skip
+        verdict = judge(results, spread, sens_q, given or None)
         if sens:
             arith = sens + (f" + Q8_1 inputs of {got['act_quant']} GGUF-quantised weights"
                             if got["act_quant"] else "")  # fmt: skip
@@ -400,8 +486,7 @@ def main(argv: list[str] | None = None) -> int:
                 "the served arithmetic's rounding alone moves this model's logprobs; 'dense' "
                 "(queries < index_topk) is the floor's sensitivity",
             }  # fmt: skip
-        if args.topk:
-            served = torch.load(args.topk)
+        if served is not None:
             verdict["topk_prompt0"] = topk_agreement(
                 served, topk0, len(capture["runs"][0]["prompt"])
             )
@@ -433,6 +518,14 @@ def main(argv: list[str] | None = None) -> int:
         cf = ", ".join(f"{k} {q['median']}" for k, q in ish["counterfactual"].items())
         line += f"; sparse region median {ish['sparse']['median']} vs counterfactuals {cf}"
         line += f": {'closer' if ish['closer_than_every_counterfactual'] else 'NOT closer'}"
+        if ish["given_selection"]:
+            gs = ish["given_selection"]
+            cf = ", ".join(f"{k} {q['median']}" for k, q in gs["counterfactual"].items())
+            line += (
+                f" (reported); on the served selection (prompt 0) median "
+                f"{gs['sparse']['median']} vs counterfactuals {cf}, margin {gs['margin']}: "
+                f"{'closer' if gs['closer_than_every_counterfactual'] else 'NOT closer'}"
+            )
     line += (
         f"; top-1 agree {pl['top1_agree']}/{pl['positions']}; greedy equal steps "
         f"{gr['equal_steps']} of {gr['generated']}, divergences {gr['divergences'] or 'none'}"

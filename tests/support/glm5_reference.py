@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -350,6 +350,7 @@ def forward(
     device: str = "cpu",
     dtype: torch.dtype = F64,
     act_quant: Collection[str] = (),
+    given_topk: Mapping[int, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
     """Logits [T, vocab] (in ``dtype``) of one sequence and each layer's top-k rows [T, k].
 
@@ -361,6 +362,9 @@ def forward(
     to see how much this model's outputs move with rounding alone.
     ``act_quant``: weight names whose matmul input is rounded by q8_1 first, what vLLM's GGUF
     kernels do for a quantized weight (gguf_quantized_names lists a GGUF's).
+    ``given_topk`` {full layer: [>= T, k] rows}: those layers attend these keys instead of their
+    indexer's (a served model's own selections, -1 padded), so a comparison sees everything
+    after the selection and none of the selection's rounding; shared layers still reuse them.
     """
     aq = frozenset(act_quant)
     if rope not in ("interleaved", "neox"):
@@ -377,6 +381,8 @@ def forward(
         h = _rms(x, w[p + "input_layernorm.weight"], eps)
         if kind == "shared" and share_from is not None:
             topk = rows[share_from]
+        if kind == "full" and given_topk is not None and i in given_topk:
+            topk, kind = given_topk[i][: len(ids)].to(device=device, dtype=torch.long), "given"
         a, topk = _attention(cfg, w, p + "self_attn.", h, topk, kind, rope, lora_eps, aq)
         rows[i] = topk
         x = x + a

@@ -169,6 +169,11 @@ def test_reference_check_cli_on_a_self_made_capture(
     assert sorted(ish["counterfactual"]) == ["shared_reuse_layer0", "shared_reuse_layer1"]
     assert ish["closer_than_every_counterfactual"] is True and ish["sparse"]["max"] < 1e-9
     assert all(q["median"] > 0.05 for q in ish["counterfactual"].values())
+    gs = ish["given_selection"]  # prompt 0 on the dumped selection: judged, the other reported
+    assert ish["judged"] is False and gs["closer_than_every_counterfactual"] is True
+    assert gs["sparse"]["max"] < 1e-9 and gs["sparse"]["n"] == 140 - 1 - 128
+    assert sorted(gs["counterfactual"]) == ["shared_reuse_layer0", "shared_reuse_layer1"]
+    assert all(q["median"] > 0.05 for q in gs["counterfactual"].values())
     assert v["greedy"]["equal_steps"] == [3, 3] and v["greedy"]["divergences"] == []
     assert v["spread"]["measured"] == "committed figure"
     assert all(
@@ -197,14 +202,30 @@ def test_reference_check_cli_on_a_self_made_capture(
 
     # A server whose shared layers read layer 1's top-k (not layer 2's): the dense region is
     # the same math, the sparse region gives it away.
+    # Its dump is its own selection: layer 6's differs, layers 0-2's are the right ones.
     wrong = _capture_from_reference(cfg, w, prompts, gen=3, share_from=1)
     (tmp_path / "wrong.json").write_text(json.dumps(wrong))
-    assert rc.main(["--capture", str(tmp_path / "wrong.json"), *args,
+    _, rows = ref.forward(cfg, w, prompts[0], share_from=1)
+    torch.save({f"layer{i}": t.int() for i, t in rows.items()}, tmp_path / "wrong-topk.pt")
+    wrong_args = [a if a != str(tmp_path / "topk.pt") else str(tmp_path / "wrong-topk.pt")
+                  for a in args]  # fmt: skip
+    assert rc.main(["--capture", str(tmp_path / "wrong.json"), *wrong_args,
                     "--json", str(tmp_path / "wrong-out.json")]) == 1  # fmt: skip
-    assert "NOT closer" in capsys.readouterr().err
+    assert "margin 0.0: NOT closer" in capsys.readouterr().err
     v = json.loads((tmp_path / "wrong-out.json").read_text())
     assert v["prompt_logprobs"]["within_spread"] is True
     assert v["index_share"]["closer_than_every_counterfactual"] is False
+    gs = v["index_share"]["given_selection"]
+    assert gs["closer_than_every_counterfactual"] is False
+    assert gs["counterfactual"]["shared_reuse_layer1"]["max"] < 1e-9  # it IS that counterfactual
+
+    # A dump without a full layer cannot pin the selection: one error line, exit 1.
+    torch.save({f"layer{i}": t.int() for i, t in rows.items() if i != 6}, tmp_path / "part.pt")
+    part_args = [a if a != str(tmp_path / "topk.pt") else str(tmp_path / "part.pt")
+                 for a in args]  # fmt: skip
+    assert rc.main(["--capture", str(tmp_path / "wrong.json"), *part_args,
+                    "--json", str(tmp_path / "part-out.json")]) == 1  # fmt: skip
+    assert capsys.readouterr().err == "error: the top-k dump lacks full layers [6]\n"
 
 
 def test_reference_check_judges_a_w8a8_server_by_the_models_own_sensitivity(
