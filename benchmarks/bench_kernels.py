@@ -7,7 +7,8 @@ cold-L2 like a real layer; 2 warm-up replays, 15 timed replays, median / n. Ceil
 copy, fp16 matmul) are measured at the start and the end. fp16 (FlashMLA: bf16), top-k 2048.
 
 Columns: ours; naive torch (gather + matmul); vLLM FlashMLA sparse (flash_mla_sparse_fwd, bf16,
-heads padded to 64 as vLLM does); vLLM TRITON_MLA decode over a dense context of 2048 (vLLM's
+heads padded to 64 as vLLM does; with --fp8 also its fp8_ds_mla decode, flash_mla_with_kvcache);
+vLLM TRITON_MLA decode over a dense context of 2048 (vLLM's
 own split rule); vLLM persistent_topk / top_k_per_row_decode / top_k_per_row_prefill on the
 same logits as our top-k. Columns that could not be filled (no vLLM importable, an op missing)
 are listed at the end. Needs PYTHONPATH=tests:backend/src (plus vLLM's site for its columns).
@@ -132,6 +133,10 @@ def load_vllm():
         ok, why = is_flashmla_sparse_supported()
         if ok:
             ops["flashmla"] = flash_mla_sparse_fwd
+            # the fp8_ds_mla decode FLASHMLA_SPARSE runs (FlashMLASparseImpl._fp8_flash_mla_kernel)
+            from vllm.v1.attention.ops.flashmla import flash_mla_with_kvcache, get_mla_metadata
+
+            ops["flashmla_fp8"] = (flash_mla_with_kvcache, get_mla_metadata)
         else:
             MISSING["flashmla"] = f"FlashMLA sparse unsupported here: {why}"
     except Exception as exc:
@@ -288,6 +293,14 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 except Exception as exc:
                     MISSING[f"flashmla H={h} {label} {t}"] = repr(exc)[:160]
                 del fsets
+            if pool8 is not None and "flashmla_fp8" in vllm_ops and kind == "decode":
+                try:
+                    fus = bench_flashmla_fp8(torch, vllm_ops["flashmla_fp8"], pool8, sets, h, t,
+                                             mtp)  # fmt: skip
+                    name = "vLLM FlashMLA sparse fp8_ds_mla (bf16 q, pad 64)"
+                    _emit(rows_out, _row(name, us=fus, plan="flash_mla_with_kvcache fp8", **c8))
+                except Exception as exc:
+                    MISSING[f"flashmla fp8 H={h} {label} {t}"] = repr(exc)[:160]
             if "triton_mla" in vllm_ops and kind == "decode":
                 try:
                     tus = bench_triton_mla(torch, vllm_ops["triton_mla"], pool, t, h, info.num_sms)
@@ -299,6 +312,29 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
             del sets
         del ws
     del pool, pool_bf, pool8
+
+
+def bench_flashmla_fp8(torch, ops, pool8, sets, h, t, mtp) -> float:
+    """vLLM 0.23.0's fp8_ds_mla decode as FlashMLASparseImpl._fp8_flash_mla_kernel calls it:
+    q bf16 zero-padded to 64 heads per call, [requests, 1 + k, heads, 576], the 656-B rows as
+    [blocks, 64, 1, 656] uint8, dummy block table and cache lengths, one scheduler object per
+    input set (FlashMLA fills it on the first call). Our pool's rope is fp16 read as bf16: same
+    bytes moved."""
+    fn, meta_fn = ops
+    b = t // mtp
+    k8 = pool8.unsqueeze(-2)
+    table = torch.zeros((b, 1), dtype=torch.int32, device="cuda")
+    lens = torch.full((b,), 8192, dtype=torch.int32, device="cuda")
+
+    def call(q, i, meta):
+        qp = q.new_zeros((b, mtp, 64, 576))
+        qp[:, :, :h] = q.view(b, mtp, h, 576)
+        return fn(q=qp, k_cache=k8, block_table=table, cache_seqlens=lens, head_dim_v=512,
+                  tile_scheduler_metadata=meta, is_fp8_kvcache=True,
+                  indices=i.view(b, mtp, TOPK), softmax_scale=SCALE)[0]  # fmt: skip
+
+    calls = [partial(call, q.to(torch.bfloat16), i, meta_fn()[0]) for q, i, _ in sets]
+    return graph_time_us(torch, calls)
 
 
 def fp8_pool(torch, pool):

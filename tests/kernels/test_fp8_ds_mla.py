@@ -105,7 +105,12 @@ def test_reversed_scale_order_is_caught(fp8_case):
 @pytest.mark.parametrize("fp8_case", ["exact_rows_f16", "exact_rows_bf16"], indirect=True)
 def test_exactly_representable_rows_match_the_16bit_kernel(fp8_case):
     """Where the fp8 row loses nothing (e4m3 latent x 2**k scales, rope 300x larger than the
-    latent), the fp8-row kernel equals the 16-bit-row kernel bit for bit: rope is read at full
-    precision, each scale multiplies its own 128 values."""
+    latent), the fp8-row kernel equals the 16-bit-row kernel to within one 16-bit step of the
+    output's largest value: rope is read at full precision, each scale multiplies its own 128
+    values. Not bit for bit: the fp8 kernel sums four per-group logit dots in fp32 where the
+    16-bit one sums one 512-wide dot (a rope read at e4m3 precision would miss by ~6%)."""
     assert bool(fp8_case["roundtrip"]), "the rows were meant to be exactly representable"
-    assert torch.equal(fp8_case["out8"], fp8_case["out16"])
+    out8, out16 = fp8_case["out8"].double(), fp8_case["out16"].double()
+    assert not torch.isnan(out8).any()
+    err, top = (out8 - out16).abs().max().item(), out16.abs().max().item()
+    assert err <= top * 2**-10, f"max |fp8 - 16-bit| = {err:.3g}, {err / top:.2e} of the max"

@@ -67,10 +67,11 @@ def _main_loop(ttgir: str) -> str | None:
 def pipelining(
     ttgir: str, block_n: int, row: str | None = None
 ) -> tuple[int | None, bool | None, int | None]:
-    """(ring depth of the [*, block_n, 512] row buffer (fp8 rows: [*, block_n, 128] i32; ``row``:
-    another buffer's row type, a regex), full wait in the loop, cp.async count)."""
-    # fp8_ds_mla rows: the latent bytes are gathered as [block_n, 128] int32 words
-    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|{D_LATENT // 4}xi32)"
+    """(ring depth of the [*, block_n, 512] row buffer (fp8 rows: the [*, block_n, 32] i32 buffer
+    of each scale group; ``row``: another buffer's row type, a regex), full wait in the loop,
+    cp.async count)."""
+    # fp8_ds_mla rows: each group of 128 latent bytes is gathered as [block_n, 32] int32 words
+    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|{D_LATENT // 16}xi32)"
     depths = [
         int(m.group(1)) for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{row},[^>]*mutable", ttgir)
     ]
@@ -168,7 +169,7 @@ def launched_configs():
                 NUM_HEADS=h, TOPK=TOPK, TOPK_PAD=TOPK, SPLITS=p.splits,
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
-                FP8_DS_MLA=fp8,
+                FP8_DS_MLA=fp8, FP8_CVT_ASM=fp8,
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
             cache = "fp8 " if fp8 else ""

@@ -56,6 +56,35 @@ def test_proof_groups_cover_every_checked_run() -> None:
     assert Path(proof.PATCH).is_file()
 
 
+def _prompt_run(shift: float) -> dict:
+    prompt = [None] + [-2.0 - shift * (i % 3) for i in range(1, 200)]
+    return {"seqs": [{"tokens": [5], "steps": [{"5": -0.5}], "prompt": prompt}]}
+
+
+def test_fp8_cost_is_judged_against_vllms_own_fp8_cost() -> None:
+    """Our fp8 cache may cost what vLLM's costs (x FLOOR_FACTOR), not more; a subset run (--only)
+    skips the checks it cannot judge instead of failing them."""
+    base = {
+        "ref_flashmla_bf16": _prompt_run(0.0), "ref_flashmla_bf16_fp8": _prompt_run(0.01),
+        "custom_fp16": _prompt_run(0.0), "triton_mla_bf16_dense": _prompt_run(0.002),
+        "custom_bf16_fp8": _prompt_run(0.011),
+    }  # fmt: skip
+    label = next(c[0] for c in proof.CHECKS if c[3] == "fp8")
+    only = sorted(base) + ["custom_fp16_fp8"]
+    for shift, passed in ((0.015, True), (0.05, False)):
+        runs = base | {"custom_fp16_fp8": _prompt_run(shift)}
+        checks = {c["check"]: c for c in proof.judge(runs, only)}
+        assert checks[label]["passed"] is passed, checks[label]
+        assert checks[label]["noise_floor_diff"]["p90"] == 0.02
+        skipped = [c for c in checks.values() if c.get("skipped")]
+        assert skipped and all(c["passed"] is None for c in skipped)
+        assert any("custom_bf16_dg" in c["not_run"] for c in skipped)
+    # without --only the same missing runs fail
+    full = proof.judge(base | {"custom_fp16_fp8": _prompt_run(0.015)})
+    assert not any(c.get("skipped") for c in full)
+    assert any(c["passed"] is False and c.get("missing") for c in full)
+
+
 @pytest.mark.runtime  # the tokenizer writer needs `tokenizers` (runtime env)
 def test_proof_models_are_written_with_the_geometry_their_names_say(tmp_path: Path) -> None:
     proof.write_models(tmp_path)

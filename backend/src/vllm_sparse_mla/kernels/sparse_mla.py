@@ -79,9 +79,14 @@ def _sparse_mla_kernel(
     FLAT_SLOTS: tl.constexpr,
     DOT_F32: tl.constexpr,
     FP8_DS_MLA: tl.constexpr = False,
+    FP8_CVT_ASM: tl.constexpr = False,
 ):
     tl.static_assert(BLOCK_H >= 16)
-    N_GROUPS: tl.constexpr = 4  # fp8_ds_mla: one fp32 scale per 128 latent values
+    GROUP: tl.constexpr = D_LATENT // 4  # fp8_ds_mla: one fp32 scale per 128 latent values
+    # fp8_ds_mla: p x scale x FP8_LIFT is cast to 16 bits for the PV dot, and the sums are scaled
+    # back at the end. With scale = amax / 448 that is <= 0.57 amax (no fp16 overflow for any
+    # fp16 amax) and keeps small groups' weights out of fp16's subnormal range.
+    FP8_LIFT: tl.constexpr = 256.0
     pid = tl.program_id(0)
     i_hb = pid % HEAD_BLOCKS
     i_s = (pid // HEAD_BLOCKS) % SPLITS
@@ -102,20 +107,26 @@ def _sparse_mla_kernel(
     o_dl = tl.arange(0, D_LATENT)
     o_dr = tl.arange(0, D_ROPE)
     o_n = tl.arange(0, BLOCK_N)
-    o_g = tl.arange(0, N_GROUPS)
-    o_w = tl.arange(0, D_LATENT // 4)
+    o_gd = tl.arange(0, GROUP)
 
-    # [BLOCK_H, D_LATENT], [BLOCK_H, D_ROPE]
+    # [BLOCK_H, D_LATENT] (fp8 rows: 4 x [BLOCK_H, GROUP], one per scale group), [BLOCK_H, D_ROPE]
     p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh
-    b_q_nope = tl.load(p_q + o_dl[None, :], mask=m_h[:, None], other=0.0)
-    b_q_rope = tl.load(p_q + D_LATENT + o_dr[None, :], mask=m_h[:, None], other=0.0)
-    if DOT_F32:
-        b_q_nope = b_q_nope.to(tl.float32)
-        b_q_rope = b_q_rope.to(tl.float32)
+    if FP8_DS_MLA:
+        b_q0 = _load_q(p_q + 0 * GROUP + o_gd[None, :], m_h, DOT_F32)
+        b_q1 = _load_q(p_q + 1 * GROUP + o_gd[None, :], m_h, DOT_F32)
+        b_q2 = _load_q(p_q + 2 * GROUP + o_gd[None, :], m_h, DOT_F32)
+        b_q3 = _load_q(p_q + 3 * GROUP + o_gd[None, :], m_h, DOT_F32)
+        b_acc0 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+        b_acc1 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+        b_acc2 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+        b_acc3 = tl.zeros([BLOCK_H, GROUP], tl.float32)
+    else:
+        b_q_nope = _load_q(p_q + o_dl[None, :], m_h, DOT_F32)
+        b_acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
+    b_q_rope = _load_q(p_q + D_LATENT + o_dr[None, :], m_h, DOT_F32)
 
     b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_H], tl.float32)
-    b_acc = tl.zeros([BLOCK_H, D_LATENT], tl.float32)
 
     # [BLOCK_N] slot ids of this split's first tile; the loop carries the next tile's ids.
     k_first = i_s * BLOCK_N
@@ -129,21 +140,23 @@ def _sparse_mla_kernel(
             b_blk = (b_slot // KV_BLOCK).to(tl.int64)
             p_row = kv_ptr + b_blk * stride_kvb + (b_slot % KV_BLOCK) * stride_kvs
         # [BLOCK_N, D_LATENT] is K's latent part and V; [BLOCK_N, D_ROPE] K's rope part
-        if FP8_DS_MLA:  # 656-B rows: e4m3 x per-128 fp32 scale -> q's dtype; rope 16-bit as is
-            # 4 e4m3 bytes per int32 word: the pipeliner gives word loads a cp.async ring (it
-            # left the [BLOCK_N, 512] byte load synchronous), unpacked little-endian below
+        if FP8_DS_MLA:  # 656-B rows: e4m3 latent in 4 groups of 128, each with an fp32 scale
+            # The e4m3 values themselves (exact in 16 bits) feed the dots; each group's scale
+            # multiplies its [BLOCK_H, BLOCK_N] logits and its PV weights, never the
+            # [BLOCK_N, 512] tile. Gathered as int32 words: the pipeliner gives word loads a
+            # cp.async ring (it left a byte load synchronous).
             p_w = p_row.to(tl.pointer_type(tl.int32))
-            b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
-            b_k8 = tl.join(tl.join(b_w & 0xFF, (b_w >> 16) & 0xFF),
-                           tl.join((b_w >> 8) & 0xFF, (b_w >> 24) & 0xFF))  # fmt: skip
-            b_k8 = tl.reshape(b_k8, [BLOCK_N, D_LATENT]).to(tl.uint8)
+            b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
+            b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
+            b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
+            b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
             p_sc = (p_row + D_LATENT).to(tl.pointer_type(tl.float32))
-            b_sc = tl.load(p_sc[:, None] + o_g[None, :], mask=m_valid[:, None], other=0.0)
-            b_kv = tl.reshape(b_k8.to(tl.float8e4nv, bitcast=True).to(tl.float16).to(tl.float32),
-                              [BLOCK_N, N_GROUPS, D_LATENT // N_GROUPS])  # fmt: skip
-            b_kv = tl.reshape(b_kv * b_sc[:, :, None], [BLOCK_N, D_LATENT])
-            b_kv = b_kv.to(q_ptr.dtype.element_ty)
-            p_kr = (p_row + D_LATENT + 4 * N_GROUPS).to(tl.pointer_type(q_ptr.dtype.element_ty))
+            b_sc = tl.load(p_sc[:, None] + tl.arange(0, 4)[None, :], mask=m_valid[:, None],
+                           other=0.0)  # fmt: skip
+            b_sc02, b_sc13 = tl.split(tl.reshape(b_sc, [BLOCK_N, 2, 2]))
+            b_sc0, b_sc2 = tl.split(b_sc02)
+            b_sc1, b_sc3 = tl.split(b_sc13)
+            p_kr = (p_row + D_LATENT + 16).to(tl.pointer_type(q_ptr.dtype.element_ty))
             b_kr = tl.load(p_kr[:, None] + o_dr[None, :], mask=m_valid[:, None], other=0.0)
         else:
             b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
@@ -153,12 +166,19 @@ def _sparse_mla_kernel(
         k_next = (i_s + (j + 1) * SPLITS) * BLOCK_N
         b_idx = tl.load(p_idx + k_next + o_n, mask=k_next + o_n < TOPK, other=-1)
 
-        b_pv_dtype = b_kv.dtype
+        b_pv_dtype = b_kr.dtype
         if DOT_F32:
-            b_kv = b_kv.to(tl.float32)
             b_kr = b_kr.to(tl.float32)
         # [BLOCK_H, BLOCK_N] logits in log2 units
-        b_s = tl.dot(b_q_nope, tl.trans(b_kv))
+        if FP8_DS_MLA:
+            b_s = tl.dot(b_q0, tl.trans(b_k0)) * b_sc0[None, :]
+            b_s += tl.dot(b_q1, tl.trans(b_k1)) * b_sc1[None, :]
+            b_s += tl.dot(b_q2, tl.trans(b_k2)) * b_sc2[None, :]
+            b_s += tl.dot(b_q3, tl.trans(b_k3)) * b_sc3[None, :]
+        else:
+            if DOT_F32:
+                b_kv = b_kv.to(tl.float32)
+            b_s = tl.dot(b_q_nope, tl.trans(b_kv))
         b_s = tl.dot(b_q_rope, tl.trans(b_kr), b_s)
         b_s = tl.where(m_valid[None, :], b_s * scale_log2, float("-inf"))
 
@@ -167,22 +187,90 @@ def _sparse_mla_kernel(
         b_p = tl.exp2(b_s - b_m_use[:, None])
         b_alpha = tl.exp2(b_m - b_m_use)
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        b_acc = b_acc * b_alpha[:, None]
-        b_acc = tl.dot(b_p.to(b_pv_dtype).to(b_kv.dtype), b_kv, b_acc)
+        if FP8_DS_MLA:
+            b_p = b_p * FP8_LIFT
+            b_acc0 = _pv_group(b_p, b_sc0, b_k0, b_acc0, b_alpha, b_pv_dtype)
+            b_acc1 = _pv_group(b_p, b_sc1, b_k1, b_acc1, b_alpha, b_pv_dtype)
+            b_acc2 = _pv_group(b_p, b_sc2, b_k2, b_acc2, b_alpha, b_pv_dtype)
+            b_acc3 = _pv_group(b_p, b_sc3, b_k3, b_acc3, b_alpha, b_pv_dtype)
+        else:
+            b_acc = b_acc * b_alpha[:, None]
+            b_acc = tl.dot(b_p.to(b_pv_dtype).to(b_kv.dtype), b_kv, b_acc)
         b_m = b_m_new
 
     b_has = b_l > 0.0
-    b_out = b_acc / tl.where(b_has, b_l, 1.0)[:, None]
+    b_den = tl.where(b_has, b_l, 1.0)
     if SPLITS == 1:
-        # [BLOCK_H, D_LATENT]
-        p_o = out_ptr + i_t64 * stride_ot + o_h[:, None].to(tl.int64) * stride_oh + o_dl[None, :]
-        tl.store(p_o, b_out.to(out_ptr.dtype.element_ty), mask=m_h[:, None])
+        p_o = out_ptr + i_t64 * stride_ot + o_h[:, None].to(tl.int64) * stride_oh
     else:
         i_row = (i_t64 * SPLITS + i_s) * NUM_HEADS
-        p_po = part_o_ptr + (i_row + o_h[:, None]) * D_LATENT + o_dl[None, :]
-        tl.store(p_po, b_out, mask=m_h[:, None])
+        p_o = part_o_ptr + (i_row + o_h[:, None]) * D_LATENT
         b_lse = tl.where(b_has, b_m + tl.log2(tl.where(b_has, b_l, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + i_row + o_h, b_lse, mask=m_h)
+    # the output row, or this split's partial (normalised, fp32)
+    if FP8_DS_MLA:
+        b_den = b_den * FP8_LIFT
+        _store_rows(p_o + 0 * GROUP + o_gd[None, :], b_acc0 / b_den[:, None], m_h)
+        _store_rows(p_o + 1 * GROUP + o_gd[None, :], b_acc1 / b_den[:, None], m_h)
+        _store_rows(p_o + 2 * GROUP + o_gd[None, :], b_acc2 / b_den[:, None], m_h)
+        _store_rows(p_o + 3 * GROUP + o_gd[None, :], b_acc3 / b_den[:, None], m_h)
+    else:
+        _store_rows(p_o + o_dl[None, :], b_acc / b_den[:, None], m_h)
+
+
+@triton.jit
+def _load_q(p, m_h, DOT_F32: tl.constexpr):
+    b = tl.load(p, mask=m_h[:, None], other=0.0)
+    if DOT_F32:
+        b = b.to(tl.float32)
+    return b
+
+
+@triton.jit
+def _store_rows(p, b, m_h):
+    tl.store(p, b.to(p.dtype.element_ty), mask=m_h[:, None])
+
+
+@triton.jit
+def _e4m3_group(
+    p_w, g: tl.constexpr, m_valid, GROUP: tl.constexpr, CVT_ASM: tl.constexpr, dtype: tl.constexpr
+):
+    """[BLOCK_N, GROUP] latent values g * GROUP .. of the rows at int32 pointers ``p_w``: the
+    e4m3 values unscaled, exact in fp16 (then ``dtype``; exact in bf16 too)."""
+    o_w = g * (GROUP // 4) + tl.arange(0, GROUP // 4)
+    b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
+    if CVT_ASM:  # sm_89+: two cvt.rn.f16x2.e4m3x2 per word (the bytes are little-endian)
+        b_0, b_1, b_2, b_3 = tl.inline_asm_elementwise(
+            asm="""{
+            .reg .b16 lo, hi;
+            .reg .b32 a, b;
+            mov.b32 {lo, hi}, $4;
+            cvt.rn.f16x2.e4m3x2 a, lo;
+            cvt.rn.f16x2.e4m3x2 b, hi;
+            mov.b32 {$0, $1}, a;
+            mov.b32 {$2, $3}, b;
+            }""",
+            constraints="=h,=h,=h,=h,r",
+            args=[b_w],
+            dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+            is_pure=True,
+            pack=1,
+        )
+    else:  # any device and the interpreter: byte by byte
+        b_0 = (b_w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b_1 = ((b_w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b_2 = ((b_w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b_3 = ((b_w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    # value 4w + i is byte i of word w
+    b_k = tl.reshape(tl.join(tl.join(b_0, b_2), tl.join(b_1, b_3)), [b_w.shape[0], GROUP])
+    return b_k.to(dtype)
+
+
+@triton.jit
+def _pv_group(b_p, b_sc, b_k, b_acc, b_alpha, pv_dtype: tl.constexpr):
+    """One scale group's PV step: the weights carry the group's per-row scale."""
+    b_w = (b_p * b_sc[None, :]).to(pv_dtype).to(b_k.dtype)
+    return tl.dot(b_w, b_k, b_acc * b_alpha[:, None])
 
 
 @triton.jit
@@ -471,6 +559,7 @@ def _launch(
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
         FP8_DS_MLA=kv_cache.dtype == torch.uint8,
+        FP8_CVT_ASM=q.device.type == "cuda" and device_info(q.device).capability >= (8, 9),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
