@@ -38,6 +38,7 @@ class FitResult:
     ring_depth: int | None = None  # buffers of the row tile's shared ring (None: no main loop)
     loop_full_wait: bool | None = None  # an async_wait {num = 0} inside the main loop
     loop_async_copies: int | None = None  # cp.async ops (async_copy_global_to_local) in the loop
+    sass: int = 0  # SASS instructions in the cubin (a static cost proxy: fp8 vs 16-bit rows)
 
 
 def _cuobjdump() -> Path:
@@ -126,9 +127,13 @@ def compile_for_sm120(
             text=True,
             check=True,
         ).stdout
+        sass = subprocess.run(
+            [str(_cuobjdump()), "-sass", f.name], capture_output=True, text=True, check=True
+        ).stdout
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     local = int(re.search(r"LOCAL:(\d+)", res).group(1))
     out = FitResult(name, int(compiled.metadata.shared), regs, local, num_warps)
+    out.sass = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M))
     if block_n is not None:
         out.ring_depth, out.loop_full_wait, out.loop_async_copies = pipelining(
             compiled.asm["ttgir"], block_n, row
@@ -248,12 +253,13 @@ def fit_table() -> list[FitResult]:
 def format_table(rows: list[FitResult]) -> str:
     lines = [
         f"kernel config (sm_120, triton {triton.__version__})".ljust(56)
-        + f"{'shared B':>9} {'regs':>5} {'spill B':>7} {'ring':>5} {'loop wait0':>10}"
+        + f"{'shared B':>9} {'regs':>5} {'spill B':>7} {'ring':>5} {'loop wait0':>10} {'SASS':>5}"
     ]
     for r in rows:
         ring = "-" if r.ring_depth is None else str(r.ring_depth)
         wait = "-" if r.loop_full_wait is None else ("YES" if r.loop_full_wait else "no")
-        lines.append(f"{r.name:56}{r.shared:9d} {r.registers:5d} {r.local:7d} {ring:>5} {wait:>10}")
+        cols = f"{r.shared:9d} {r.registers:5d} {r.local:7d} {ring:>5} {wait:>10} {r.sass:5d}"
+        lines.append(f"{r.name:56}{cols}")
     return "\n".join(lines)
 
 
