@@ -32,11 +32,8 @@ def test_every_launched_config_fits_sm120(capsys):
     # the 16-bit kernel of the same plan + 10% (the first fp8 version, which scaled the tile in
     # fp32 after a byte-wise unpack, was 1.51x: 2664 against 1760 at H=8 split64 fp16)
     sass16 = {r.name: r.sass for r in attn if " fp8 " not in r.name}
-    long8 = [
-        (r.name, r.sass, sass16[r.name.replace(" fp8 ", " ")])
-        for r in fp8
-        if " fp16 " in r.name and r.sass > 1.1 * sass16[r.name.replace(" fp8 ", " ")]
-    ]
+    pairs = [(r.name, r.sass, sass16[r.name.replace(" fp8 ", " ")]) for r in fp8]
+    long8 = [(n, s8, s16) for n, s8, s16 in pairs if " fp16 " in n and s8 > 1.1 * s16]
     assert all(r.sass > 0 for r in attn), "no SASS read from the cubins"
     assert not long8, f"fp8-row kernels > 1.1x the 16-bit SASS (name, fp8, 16-bit): {long8}"
     shallow = [r.name for r in attn if (r.ring_depth or 0) < 2]

@@ -122,18 +122,15 @@ def compile_for_sm120(
         f.write(compiled.asm["cubin"])
         f.flush()
         res = subprocess.run(
-            [str(_cuobjdump()), "--dump-resource-usage", f.name],
+            [str(_cuobjdump()), "--dump-resource-usage", "-sass", f.name],
             capture_output=True,
             text=True,
             check=True,
         ).stdout
-        sass = subprocess.run(
-            [str(_cuobjdump()), "-sass", f.name], capture_output=True, text=True, check=True
-        ).stdout
     regs = int(re.search(r"REG:(\d+)", res).group(1))
     local = int(re.search(r"LOCAL:(\d+)", res).group(1))
     out = FitResult(name, int(compiled.metadata.shared), regs, local, num_warps)
-    out.sass = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", sass, re.M))
+    out.sass = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", res, re.M))
     if block_n is not None:
         out.ring_depth, out.loop_full_wait, out.loop_async_copies = pipelining(
             compiled.asm["ttgir"], block_n, row

@@ -156,7 +156,8 @@ def _sparse_mla_kernel(
             b_sc02, b_sc13 = tl.split(tl.reshape(b_sc, [BLOCK_N, 2, 2]))
             b_sc0, b_sc2 = tl.split(b_sc02)
             b_sc1, b_sc3 = tl.split(b_sc13)
-            p_kr = (p_row + D_LATENT + 16).to(tl.pointer_type(q_ptr.dtype.element_ty))
+            # rope (16-bit) follows the 4 fp32 scales
+            p_kr = (p_row + D_LATENT + 4 * 4).to(tl.pointer_type(q_ptr.dtype.element_ty))
             b_kr = tl.load(p_kr[:, None] + o_dr[None, :], mask=m_valid[:, None], other=0.0)
         else:
             b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
@@ -205,15 +206,15 @@ def _sparse_mla_kernel(
     else:
         i_row = (i_t64 * SPLITS + i_s) * NUM_HEADS
         p_o = part_o_ptr + (i_row + o_h[:, None]) * D_LATENT
-        b_lse = tl.where(b_has, b_m + tl.log2(tl.where(b_has, b_l, 1.0)), float("-inf"))
+        b_lse = tl.where(b_has, b_m + tl.log2(b_den), float("-inf"))
         tl.store(part_lse_ptr + i_row + o_h, b_lse, mask=m_h)
     # the output row, or this split's partial (normalised, fp32)
     if FP8_DS_MLA:
-        b_den = b_den * FP8_LIFT
-        _store_rows(p_o + 0 * GROUP + o_gd[None, :], b_acc0 / b_den[:, None], m_h)
-        _store_rows(p_o + 1 * GROUP + o_gd[None, :], b_acc1 / b_den[:, None], m_h)
-        _store_rows(p_o + 2 * GROUP + o_gd[None, :], b_acc2 / b_den[:, None], m_h)
-        _store_rows(p_o + 3 * GROUP + o_gd[None, :], b_acc3 / b_den[:, None], m_h)
+        b_den8 = b_den * FP8_LIFT
+        _store_rows(p_o + 0 * GROUP + o_gd[None, :], b_acc0 / b_den8[:, None], m_h)
+        _store_rows(p_o + 1 * GROUP + o_gd[None, :], b_acc1 / b_den8[:, None], m_h)
+        _store_rows(p_o + 2 * GROUP + o_gd[None, :], b_acc2 / b_den8[:, None], m_h)
+        _store_rows(p_o + 3 * GROUP + o_gd[None, :], b_acc3 / b_den8[:, None], m_h)
     else:
         _store_rows(p_o + o_dl[None, :], b_acc / b_den[:, None], m_h)
 
@@ -257,13 +258,18 @@ def _e4m3_group(
             pack=1,
         )
     else:  # any device and the interpreter: byte by byte
-        b_0 = (b_w & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b_1 = ((b_w >> 8) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b_2 = ((b_w >> 16) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b_3 = ((b_w >> 24) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b_0 = _e4m3_byte(b_w, 0)
+        b_1 = _e4m3_byte(b_w, 8)
+        b_2 = _e4m3_byte(b_w, 16)
+        b_3 = _e4m3_byte(b_w, 24)
     # value 4w + i is byte i of word w
     b_k = tl.reshape(tl.join(tl.join(b_0, b_2), tl.join(b_1, b_3)), [b_w.shape[0], GROUP])
     return b_k.to(dtype)
+
+
+@triton.jit
+def _e4m3_byte(b_w, shift: tl.constexpr):
+    return ((b_w >> shift) & 0xFF).to(tl.uint8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
 
 
 @triton.jit
@@ -524,6 +530,7 @@ def _launch(
     else:
         part_o = part_lse = out  # unused by the kernel when SPLITS == 1
 
+    fp8 = kv_cache.dtype == torch.uint8
     block_size = kv_cache.shape[1]
     if block_size & (block_size - 1):
         raise ValueError(f"kv_cache block size must be a power of two, got {block_size}")
@@ -558,8 +565,9 @@ def _launch(
         # Triton 3.6's interpreter mis-computes bf16 tl.dot (integer-like garbage); on CPU the
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
-        FP8_DS_MLA=kv_cache.dtype == torch.uint8,
-        FP8_CVT_ASM=q.device.type == "cuda" and device_info(q.device).capability >= (8, 9),
+        FP8_DS_MLA=fp8,
+        # only fp8 rows branch on it, so 16-bit launches keep one specialisation
+        FP8_CVT_ASM=fp8 and q.device.type == "cuda" and device_info(q.device).capability >= (8, 9),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
