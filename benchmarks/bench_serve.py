@@ -41,6 +41,13 @@ decode point (batch x context), the 5.2 vs 5 step time (median full-batch step),
 and %, the profiled indexer_logits + topk per step of each (where profiled), and an ESTIMATE for
 78 layers: the saving per shared layer x GLM-5.2's 57 shared layers (`index_share_summary`).
 
+fp8 KV cases (`view:mix:backend:fp8`; issue 19) serve the plain case's file with
+`kv_cache_dtype="fp8_ds_mla"` (656-byte MLA rows). When both ran, the report prints vLLM's KV
+tokens of each at --gpu-memory-utilization (0.85 by default, as the issue states capacity; runs
+before 2026-12-07 used 0.88), their ratio beside the MLA row-byte ratio 1152 / 656 = 1.756 (the
+indexer's key cache, the same in both, makes the whole-cache ratio smaller), and the decode step
+of each at the points both ran (`kv_capacity_summary`).
+
 Views: "full" (TP1, 64 heads, E routed experts, default 4 layers = 3 dense + 1 MoE) and "tp8"
 (one TP8 rank's shapes: 8 heads, expert intermediate 256; default 6 layers). Backends: CUSTOM
 (ours, fp16) and FLASHMLA_SPARSE (vLLM's, bf16; patch 0002's fp16-only rule is bypassed in the
@@ -55,6 +62,8 @@ examples:
   PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py --cases tp8:Q4_K_M:CUSTOM:mtp1
   PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py \
       --cases tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52 --quick
+  PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py \
+      --cases full:Q4_K_M:CUSTOM,full:Q4_K_M:CUSTOM:fp8 --quick
   python benchmarks/bench_serve.py --list-cases
   python benchmarks/bench_serve.py --report benchmarks/results/serve-h200-2026-12-04.json
 """
@@ -95,8 +104,11 @@ DEFAULT_CASES = [
 ]
 LAYERS = {"full": 4, "tp8": 6, "tiny": 3}  # tiny: CPU tests of this script only
 DTYPE = {"CUSTOM": "float16", "FLASHMLA_SPARSE": "bfloat16", "TRITON_MLA": "float16"}
-CASE_FORMAT = "view:mix:backend[:mtpK|glm52]"
+CASE_FORMAT = "view:mix:backend[:mtpK|glm52|fp8]"
 GLM52 = "glm52"  # the case suffix of GLM-5.2 (the writer's --generation 5.2)
+FP8 = "fp8"  # the case suffix of the fp8_ds_mla KV cache (issue 19)
+# the utilization issue 19 states KV capacity at; bench runs before 2026-12-07 used 0.88
+GPU_MEMORY_UTILIZATION = 0.85
 MTP_TARGET = 2 / 78  # issue 17: one draft step <= 2/78 of a target step (one layer + the head)
 ACCEPTANCE = (0.8, 0.9)  # published first-draft-token acceptance (DeepSeek's figures)
 TP8_RANKS = 8  # a TP8 rank's lm_head holds 1/8 of the vocabulary
@@ -122,14 +134,16 @@ class CaseError(ValueError):
 
 
 class Case(NamedTuple):
-    """One --cases entry: view:mix:backend and the optional 4th field, mtpK (k = 0 without it)
-    or glm52 (generation "5.2": the GLM-5.2 IndexShare file)."""
+    """One --cases entry: view:mix:backend and the optional 4th field, mtpK (k = 0 without it),
+    glm52 (generation "5.2": the GLM-5.2 IndexShare file) or fp8 (kv "fp8_ds_mla": the same
+    file served with vLLM's fp8 MLA cache rows)."""
 
     view: str
     mix: str
     backend: str
     k: int = 0
     generation: str = "5"
+    kv: str = "auto"
 
     @property
     def nextn(self) -> int:
@@ -147,7 +161,8 @@ class Case(NamedTuple):
 
     def __str__(self) -> str:
         mtp = f":mtp{self.k}" if self.k else ""
-        return f"{self.view}:{self.mix}:{self.backend}{mtp}{self._glm52}"
+        fp8 = f":{FP8}" if self.kv == "fp8_ds_mla" else ""
+        return f"{self.view}:{self.mix}:{self.backend}{mtp}{self._glm52}{fp8}"
 
 
 def parse_case(text: str) -> Case:
@@ -160,17 +175,19 @@ def parse_case(text: str) -> Case:
         raise CaseError(f"bad case {text!r}: view {view!r} is not one of {sorted(LAYERS)}")
     if backend not in DTYPE:
         raise CaseError(f"bad case {text!r}: backend {backend!r} is not one of {sorted(DTYPE)}")
-    k, generation = 0, "5"
+    k, generation, kv = 0, "5", "auto"
     if len(parts) == 4 and parts[3] == GLM52:
         generation = "5.2"
+    elif len(parts) == 4 and parts[3] == FP8:
+        kv = "fp8_ds_mla"
     elif len(parts) == 4:
         m = re.fullmatch(r"mtp([1-3])", parts[3])
         if m is None:
             raise CaseError(f"bad case {text!r}: 4th field {parts[3]!r} is not mtp1, mtp2 or "
-                            f"mtp3 (MTP draft tokens K = 1..3) or {GLM52} (GLM-5.2's "
-                            "IndexShare)")  # fmt: skip
+                            f"mtp3 (MTP draft tokens K = 1..3), {GLM52} (GLM-5.2's "
+                            f"IndexShare) or {FP8} (the fp8_ds_mla KV cache)")  # fmt: skip
         k = int(m[1])
-    return Case(view, mix, backend, k, generation)
+    return Case(view, mix, backend, k, generation, kv)
 
 
 # kernel name -> family, first match wins (names as the CUDA/Triton kernels are called)
@@ -612,7 +629,8 @@ def run_case(args: argparse.Namespace) -> dict:
     out: dict = {"case": args.case, "vllm": vllm.__version__, "torch": torch.__version__,
                  "gpu": torch.cuda.get_device_name(0),
                  "capability": list(torch.cuda.get_device_capability(0))}  # fmt: skip
-    backend = parse_case(args.case).backend
+    case = parse_case(args.case)
+    backend = case.backend
     dtype = DTYPE[backend]
     spec_k = args.spec_k  # None: a plain case; 0 / K: the two children of an MTP case
     out["spec_k"] = spec_k
@@ -635,8 +653,11 @@ def run_case(args: argparse.Namespace) -> dict:
         load_format="gguf", dtype=dtype, attention_backend=backend, block_size=64,
         max_model_len=max_ctx + 256, max_num_seqs=max(args.batches),
         max_num_batched_tokens=MAX_BATCHED_TOKENS,
-        gpu_memory_utilization=0.88, enable_prefix_caching=False, seed=0,
+        gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=False, seed=0,
+        kv_cache_dtype=case.kv,
     )  # fmt: skip
+    out["kv_cache_dtype"] = case.kv
+    out["gpu_memory_utilization"] = args.gpu_memory_utilization
     timer = None
     if spec_k is not None:
         timer = StepTimer()
@@ -1150,6 +1171,64 @@ def index_share_lines(summary: list[dict]) -> list[str]:
     return rows
 
 
+# bytes per token per layer of the two MLA rows (vLLM's fp8_ds_mla: 512 e4m3 + 4 fp32 scales + 64
+# bf16 RoPE); the indexer's own key cache is the same in both and not counted here
+KV_ROW_BYTES = {"auto": 576 * 2, "fp8_ds_mla": 512 + 4 * 4 + 64 * 2}
+
+
+def kv_capacity_summary(results: dict) -> list[dict]:
+    """For each `view:mix:backend:fp8` case whose plain twin ran too (both without error, same
+    utilization): vLLM's KV tokens and KV GiB of each, their ratio beside the MLA row-byte ratio
+    (1152 / 656), and the decode step of each at the points both ran (issue 19's capacity)."""
+    ok = {c["case"]: c for c in results.get("cases", []) if "error" not in c}
+    out = []
+    for name, c8 in ok.items():
+        case = parse_case(name)
+        if case.kv != "fp8_ds_mla":
+            continue
+        base = str(case._replace(kv="auto"))
+        if base not in ok:
+            continue
+        m8, m16 = c8.get("memory", {}), ok[base].get("memory", {})
+        row: dict = {"case": name, "base_case": base,
+                     "gpu_memory_utilization": c8.get("gpu_memory_utilization"),
+                     "kv_tokens_fp8": m8.get("kv_tokens"), "kv_tokens_16bit": m16.get("kv_tokens"),
+                     "kv_gib_fp8": m8.get("kv_cache_gib"), "kv_gib_16bit": m16.get("kv_cache_gib"),
+                     "row_bytes_ratio": round(KV_ROW_BYTES["auto"] / KV_ROW_BYTES["fp8_ds_mla"], 3),
+                     "points": []}  # fmt: skip
+        if ok[base].get("gpu_memory_utilization") != row["gpu_memory_utilization"]:
+            row["warning"] = "the two cases ran at different --gpu-memory-utilization"
+        if row["kv_tokens_fp8"] and row["kv_tokens_16bit"]:
+            row["kv_tokens_ratio"] = round(row["kv_tokens_fp8"] / row["kv_tokens_16bit"], 3)
+        d16 = {(d["n"], d["prompt"]): d for d in ok[base].get("decode", [])}
+        for d8 in c8.get("decode", []):
+            t8, _ = _step_us(d8)
+            t16, _ = _step_us(d16.get((d8["n"], d8["prompt"]), {}))
+            if t8 is None or t16 is None:
+                continue
+            row["points"].append({"batch": d8["n"], "context": d8["prompt"],
+                                  "step_us_fp8": round(t8, 1), "step_us_16bit": round(t16, 1),
+                                  "speedup": round(t16 / t8, 3)})  # fmt: skip
+        out.append(row)
+    return out
+
+
+def kv_capacity_lines(summary: list[dict]) -> list[str]:
+    rows: list[str] = []
+    for r in summary:
+        ratio = r.get("kv_tokens_ratio", "?")
+        rows.append(f"KV capacity (issue 19): {r['case']} vs {r['base_case']} at utilization "
+                    f"{r['gpu_memory_utilization']}: {r['kv_tokens_fp8']} vs "
+                    f"{r['kv_tokens_16bit']} tokens ({ratio}x; MLA rows "
+                    f"{r['row_bytes_ratio']}x)")  # fmt: skip
+        if "warning" in r:
+            rows.append(f"  warning: {r['warning']}")
+        for pt in r["points"]:
+            rows.append(f"  {pt['batch']}x{pt['context'] // 1024}k: step fp8 {pt['step_us_fp8']} "
+                        f"us vs 16-bit {pt['step_us_16bit']} us ({pt['speedup']}x)")  # fmt: skip
+    return rows
+
+
 def table(results: dict) -> str:
     rows = ["case                           | load GiB | KV tok    | TTFT 4k s | decode tok/s "
             "(b x ctx)"]  # fmt: skip
@@ -1182,6 +1261,10 @@ def table(results: dict) -> str:
     if share:
         rows.append("")
         rows.extend(index_share_lines(share))
+    capacity = kv_capacity_summary(results)
+    if capacity:
+        rows.append("")
+        rows.extend(kv_capacity_lines(capacity))
     for c in results["cases"]:
         if c.get("estimate_78"):
             e = c["estimate_78"]
@@ -1211,6 +1294,7 @@ def run_child(
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--case", case,
            "--gguf", info["gguf"], "--hf", info["hf"], "--result", str(res_file),
            "--case-budget", str(int(budget)), "--decode-tokens", str(args.decode_tokens),
+           "--gpu-memory-utilization", str(args.gpu_memory_utilization),
            "--contexts", ",".join(map(str, contexts)),
            "--batches", ",".join(map(str, args.batches))]  # fmt: skip
     if spec_k is not None:
@@ -1354,6 +1438,7 @@ def parent_main(args: argparse.Namespace) -> int:
             job["log"].close()
     results["total_s"] = round(time.time() - t_start, 1)
     results["index_share"] = index_share_summary(results)
+    results["kv_capacity"] = kv_capacity_summary(results)
     out_json.parent.mkdir(parents=True, exist_ok=True)
     out_json.write_text(json.dumps(results, indent=1))
     print(table(results))
@@ -1392,6 +1477,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--decode-tokens", type=int, default=32)
     p.add_argument("--full-grid", action="store_true", help="also batch 32 at the longest ctx")
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--gpu-memory-utilization", type=float, default=GPU_MEMORY_UTILIZATION,
+                   help="vLLM's share of GPU memory; KV capacity is stated at it "
+                   "(default %(default)s)")  # fmt: skip
     p.add_argument("--deadline", type=float, default=540, help="seconds for everything")
     p.add_argument("--case-budget", type=float, default=150, help="measuring seconds per case")
     p.add_argument("--min-case-s", type=float, default=75, help="skip a case with less left")
@@ -1407,9 +1495,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.list_cases:
         print(
             f"{CASE_FORMAT}: views {sorted(LAYERS)}, backends {sorted(DTYPE)}, optional mtpK "
-            "(K = 1..3 draft tokens: the MTP draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1) or "
+            "(K = 1..3 draft tokens: the MTP draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1), "
             f"{GLM52} (GLM-5.2's IndexShare file, compared with the plain case: "
-            "tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52)"
+            f"tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52) or {FP8} (the fp8_ds_mla KV cache, "
+            "compared with the plain case: full:Q4_K_M:CUSTOM,full:Q4_K_M:CUSTOM:fp8)"
         )
         print("default cases:")
         print("\n".join(DEFAULT_CASES))

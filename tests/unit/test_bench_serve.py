@@ -37,12 +37,12 @@ def test_mtp_case_parses() -> None:
         ("tp8:Q4_K_M:CUSTOM:mtpx", "4th field 'mtpx'"),
         ("tp9:Q4_K_M:CUSTOM:mtp1", "view 'tp9'"),
         ("tp8:Q4_K_M:FLASH:mtp1", "backend 'FLASH'"),
-        ("tp8:Q4_K_M:CUSTOM:mtp1:x", "view:mix:backend[:mtpK|glm52]"),
+        ("tp8:Q4_K_M:CUSTOM:mtp1:x", "view:mix:backend[:mtpK|glm52|fp8]"),
         (
             "tp8:Q4_K_M:CUSTOM:glm5",
-            "4th field 'glm5' is not mtp1, mtp2 or mtp3 (MTP draft tokens K = 1..3) or glm52",
+            "4th field 'glm5' is not mtp1, mtp2 or mtp3 (MTP draft tokens K = 1..3), glm52",
         ),
-        ("tp8:Q4_K_M:CUSTOM:glm52:mtp1", "view:mix:backend[:mtpK|glm52]"),
+        ("tp8:Q4_K_M:CUSTOM:glm52:mtp1", "view:mix:backend[:mtpK|glm52|fp8]"),
     ],
 )
 def test_bad_case_is_one_error_line_naming_the_field(case: str, field: str, capsys) -> None:
@@ -57,13 +57,14 @@ def test_bad_case_is_one_error_line_naming_the_field(case: str, field: str, caps
 def test_list_cases_and_help_show_the_mtp_field(capsys) -> None:
     assert bs.main(["--list-cases"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("view:mix:backend[:mtpK|glm52]") and "tp8:Q4_K_M:CUSTOM:mtp1" in out
+    assert out.startswith("view:mix:backend[:mtpK|glm52|fp8]") and "tp8:Q4_K_M:CUSTOM:mtp1" in out
     assert "tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52" in out
+    assert "full:Q4_K_M:CUSTOM,full:Q4_K_M:CUSTOM:fp8" in out
     assert "tp8:Q4_K_M:CUSTOM\n" in out  # the default cases follow
     with pytest.raises(SystemExit):
         bs.main(["--help"])
     out = capsys.readouterr().out
-    assert "view:mix:backend[:mtpK|glm52]" in out and "--mtp-context" in out
+    assert "view:mix:backend[:mtpK|glm52|fp8]" in out and "--mtp-context" in out
     assert "tp8:Q4_K_M:CUSTOM:glm52" in out
 
 
@@ -325,3 +326,53 @@ def test_wrapped_vllm_methods_take_the_arguments_read() -> None:
         "self", "scheduler_output"]  # fmt: skip
     assert list(inspect.signature(EagleProposer.propose).parameters)[:2] == [
         "self", "target_token_ids"]  # fmt: skip
+
+
+def test_fp8_case_serves_the_plain_file_with_fp8_rows() -> None:
+    c = bs.parse_case("tp8:Q4_K_M:CUSTOM:fp8")
+    assert c == bs.Case("tp8", "Q4_K_M", "CUSTOM", 0, "5", "fp8_ds_mla")
+    assert str(c) == "tp8:Q4_K_M:CUSTOM:fp8" and c.file_key == "tp8:Q4_K_M"
+    assert bs.parse_case("tp8:Q4_K_M:CUSTOM").kv == "auto"
+    with pytest.raises(bs.CaseError, match=r"'fp16' is not mtp1, mtp2 or mtp3 .* or fp8"):
+        bs.parse_case("tp8:Q4_K_M:CUSTOM:fp16")
+
+
+def _served(case: str, kv_tokens: float, steps: dict, util: float = 0.85) -> dict:
+    return {"case": case, "gpu_memory_utilization": util,
+            "memory": {"kv_tokens": kv_tokens, "kv_cache_gib": kv_tokens / 1e4},
+            "decode": [{"n": b, "prompt": ctx, "median_full_step_ms": ms}
+                       for (b, ctx), ms in steps.items()]}  # fmt: skip
+
+
+def test_kv_capacity_pairs_each_fp8_case_with_its_16bit_twin() -> None:
+    res = {"cases": [
+        _served("tp8:Q4_K_M:CUSTOM", 100_000, {(1, 4096): 10.0, (32, 4096): 20.0}),
+        _served("tp8:Q4_K_M:CUSTOM:fp8", 175_000, {(1, 4096): 9.0, (8, 4096): 1.0}),
+        _served("full:Q4_K_M:CUSTOM:fp8", 50_000, {}),  # no twin: no row
+        {"case": "tp8:Q4_K_M:FLASHMLA_SPARSE:fp8", "error": "boom"},
+    ]}  # fmt: skip
+    (row,) = bs.kv_capacity_summary(res)
+    assert row["base_case"] == "tp8:Q4_K_M:CUSTOM" and row["kv_tokens_ratio"] == 1.75
+    assert row["row_bytes_ratio"] == round(1152 / 656, 3) and "warning" not in row
+    assert row["points"] == [{"batch": 1, "context": 4096, "step_us_fp8": 9000.0,
+                              "step_us_16bit": 10000.0, "speedup": 1.111}]  # fmt: skip
+    text = bs.table(res)
+    assert (
+        "KV capacity (issue 19): tp8:Q4_K_M:CUSTOM:fp8 vs tp8:Q4_K_M:CUSTOM at utilization "
+        "0.85: 175000 vs 100000 tokens (1.75x; MLA rows 1.756x)" in text
+    )
+    res["cases"][0]["gpu_memory_utilization"] = 0.88
+    assert bs.kv_capacity_summary(res)[0]["warning"].startswith("the two cases ran at different")
+
+
+@pytest.mark.runtime
+def test_the_kv_dtypes_passed_are_vllms_engine_arguments() -> None:
+    import dataclasses
+    import typing
+
+    from vllm.config.cache import CacheDType
+    from vllm.engine.arg_utils import EngineArgs
+
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    assert {"kv_cache_dtype", "gpu_memory_utilization"} <= names
+    assert set(bs.KV_ROW_BYTES) <= set(typing.get_args(CacheDType))
