@@ -63,7 +63,7 @@ examples:
   PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py \
       --cases tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52 --quick
   PYTHONPATH=/tmp/site:scripts python benchmarks/bench_serve.py \
-      --cases full:Q4_K_M:CUSTOM,full:Q4_K_M:CUSTOM:fp8 --quick
+      --cases tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:fp8 --quick
   python benchmarks/bench_serve.py --list-cases
   python benchmarks/bench_serve.py --report benchmarks/results/serve-h200-2026-12-04.json
 """
@@ -1498,7 +1498,7 @@ def main(argv: list[str] | None = None) -> int:
             "(K = 1..3 draft tokens: the MTP draft-cost case, e.g. tp8:Q4_K_M:CUSTOM:mtp1), "
             f"{GLM52} (GLM-5.2's IndexShare file, compared with the plain case: "
             f"tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52) or {FP8} (the fp8_ds_mla KV cache, "
-            "compared with the plain case: full:Q4_K_M:CUSTOM,full:Q4_K_M:CUSTOM:fp8)"
+            "compared with the plain case: tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:fp8)"
         )
         print("default cases:")
         print("\n".join(DEFAULT_CASES))

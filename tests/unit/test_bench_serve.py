@@ -59,7 +59,7 @@ def test_list_cases_and_help_show_the_mtp_field(capsys) -> None:
     out = capsys.readouterr().out
     assert out.startswith("view:mix:backend[:mtpK|glm52|fp8]") and "tp8:Q4_K_M:CUSTOM:mtp1" in out
     assert "tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:glm52" in out
-    assert "full:Q4_K_M:CUSTOM,full:Q4_K_M:CUSTOM:fp8" in out
+    assert "tp8:Q4_K_M:CUSTOM,tp8:Q4_K_M:CUSTOM:fp8" in out
     assert "tp8:Q4_K_M:CUSTOM\n" in out  # the default cases follow
     with pytest.raises(SystemExit):
         bs.main(["--help"])
