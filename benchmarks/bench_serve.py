@@ -80,6 +80,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -107,6 +108,7 @@ DTYPE = {"CUSTOM": "float16", "FLASHMLA_SPARSE": "bfloat16", "TRITON_MLA": "floa
 CASE_FORMAT = "view:mix:backend[:mtpK|glm52|fp8]"
 GLM52 = "glm52"  # the case suffix of GLM-5.2 (the writer's --generation 5.2)
 FP8 = "fp8"  # the case suffix of the fp8_ds_mla KV cache (issue 19)
+KV_FP8 = "fp8_ds_mla"  # its vLLM kv_cache_dtype
 # the utilization issue 19 states KV capacity at; bench runs before 2026-12-07 used 0.88
 GPU_MEMORY_UTILIZATION = 0.85
 MTP_TARGET = 2 / 78  # issue 17: one draft step <= 2/78 of a target step (one layer + the head)
@@ -161,7 +163,7 @@ class Case(NamedTuple):
 
     def __str__(self) -> str:
         mtp = f":mtp{self.k}" if self.k else ""
-        fp8 = f":{FP8}" if self.kv == "fp8_ds_mla" else ""
+        fp8 = f":{FP8}" if self.kv == KV_FP8 else ""
         return f"{self.view}:{self.mix}:{self.backend}{mtp}{self._glm52}{fp8}"
 
 
@@ -179,7 +181,7 @@ def parse_case(text: str) -> Case:
     if len(parts) == 4 and parts[3] == GLM52:
         generation = "5.2"
     elif len(parts) == 4 and parts[3] == FP8:
-        kv = "fp8_ds_mla"
+        kv = KV_FP8
     elif len(parts) == 4:
         m = re.fullmatch(r"mtp([1-3])", parts[3])
         if m is None:
@@ -1097,6 +1099,30 @@ def _indexer_us(d: dict) -> float | None:
     return None if b is None else round(b.get("indexer_logits", 0.0) + b.get("topk", 0.0), 1)
 
 
+def _twin_cases(results: dict, field: str, value: str) -> Iterator[tuple[str, dict, str, dict]]:
+    """(name, result, twin name, twin result) of each case with `field` == value whose twin, the
+    same case with the field at its default (the plain case), ran too; both without error."""
+    ok = {c["case"]: c for c in results.get("cases", []) if "error" not in c}
+    for name, c in ok.items():
+        case = parse_case(name)
+        if getattr(case, field) != value or case.k:
+            continue
+        base = str(case._replace(**{field: Case._field_defaults[field]}))
+        if base in ok:
+            yield name, c, base, ok[base]
+
+
+def _decode_twins(c: dict, base: dict) -> Iterator[tuple[dict, dict, tuple, tuple]]:
+    """(point, twin point, (step us, key), twin's (step us, key)) of each decode point (batch,
+    context) both cases ran with a step time."""
+    by_point = {(d["n"], d["prompt"]): d for d in base.get("decode", [])}
+    for d in c.get("decode", []):
+        db = by_point.get((d["n"], d["prompt"]))
+        t, tb = _step_us(d), _step_us(db) if db else (None, "")
+        if t[0] is not None and tb[0] is not None:
+            yield d, db, t, tb
+
+
 def index_share_summary(results: dict) -> list[dict]:
     """For each `view:mix:backend:glm52` case whose plain `view:mix:backend` ran too (both
     without error): per decode point both step times, the saving (5 - 5.2) in µs and %, the
@@ -1105,27 +1131,16 @@ def index_share_summary(results: dict) -> list[dict]:
     w = _writer()
     share = w.GENERATIONS["5.2"]
     shared_78 = w.index_share_types(78, *share).count("shared")
-    ok = {c["case"]: c for c in results.get("cases", []) if "error" not in c}
     out = []
-    for name, c52 in ok.items():
-        case = parse_case(name)
-        if case.generation != "5.2" or case.k:
-            continue
-        base = str(case._replace(generation="5"))
-        gen = results.get("gen", {}).get(case.file_key, {})
-        if base not in ok or "layers" not in gen:
+    for name, c52, base, c5 in _twin_cases(results, "generation", "5.2"):
+        gen = results.get("gen", {}).get(parse_case(name).file_key, {})
+        if "layers" not in gen:
             continue
         shared = [i for i, t in enumerate(w.index_share_types(gen["layers"], *share))
                   if t == "shared"]  # fmt: skip
         row: dict = {"case": name, "base_case": base, "layers": gen["layers"],
                      "shared_layers": shared, "shared_78": shared_78, "points": []}  # fmt: skip
-        d5 = {(d["n"], d["prompt"]): d for d in ok[base].get("decode", [])}
-        for d52 in c52.get("decode", []):
-            d = d5.get((d52["n"], d52["prompt"]))
-            t52, key = _step_us(d52)
-            t5, key5 = _step_us(d) if d else (None, "")
-            if t52 is None or t5 is None:
-                continue
+        for d52, d, (t52, key), (t5, key5) in _decode_twins(c52, c5):
             saving = t5 - t52
             pt = {"batch": d52["n"], "context": d52["prompt"], "step_key": key,
                   "step_us_5": round(t5, 1), "step_us_52": round(t52, 1),
@@ -1173,39 +1188,27 @@ def index_share_lines(summary: list[dict]) -> list[str]:
 
 # bytes per token per layer of the two MLA rows (vLLM's fp8_ds_mla: 512 e4m3 + 4 fp32 scales + 64
 # bf16 RoPE); the indexer's own key cache is the same in both and not counted here
-KV_ROW_BYTES = {"auto": 576 * 2, "fp8_ds_mla": 512 + 4 * 4 + 64 * 2}
+KV_ROW_BYTES = {"auto": 576 * 2, KV_FP8: 512 + 4 * 4 + 64 * 2}
 
 
 def kv_capacity_summary(results: dict) -> list[dict]:
     """For each `view:mix:backend:fp8` case whose plain twin ran too (both without error, same
     utilization): vLLM's KV tokens and KV GiB of each, their ratio beside the MLA row-byte ratio
     (1152 / 656), and the decode step of each at the points both ran (issue 19's capacity)."""
-    ok = {c["case"]: c for c in results.get("cases", []) if "error" not in c}
     out = []
-    for name, c8 in ok.items():
-        case = parse_case(name)
-        if case.kv != "fp8_ds_mla":
-            continue
-        base = str(case._replace(kv="auto"))
-        if base not in ok:
-            continue
-        m8, m16 = c8.get("memory", {}), ok[base].get("memory", {})
+    for name, c8, base, c16 in _twin_cases(results, "kv", KV_FP8):
+        m8, m16 = c8.get("memory", {}), c16.get("memory", {})
         row: dict = {"case": name, "base_case": base,
                      "gpu_memory_utilization": c8.get("gpu_memory_utilization"),
                      "kv_tokens_fp8": m8.get("kv_tokens"), "kv_tokens_16bit": m16.get("kv_tokens"),
                      "kv_gib_fp8": m8.get("kv_cache_gib"), "kv_gib_16bit": m16.get("kv_cache_gib"),
-                     "row_bytes_ratio": round(KV_ROW_BYTES["auto"] / KV_ROW_BYTES["fp8_ds_mla"], 3),
+                     "row_bytes_ratio": round(KV_ROW_BYTES["auto"] / KV_ROW_BYTES[KV_FP8], 3),
                      "points": []}  # fmt: skip
-        if ok[base].get("gpu_memory_utilization") != row["gpu_memory_utilization"]:
+        if c16.get("gpu_memory_utilization") != row["gpu_memory_utilization"]:
             row["warning"] = "the two cases ran at different --gpu-memory-utilization"
         if row["kv_tokens_fp8"] and row["kv_tokens_16bit"]:
             row["kv_tokens_ratio"] = round(row["kv_tokens_fp8"] / row["kv_tokens_16bit"], 3)
-        d16 = {(d["n"], d["prompt"]): d for d in ok[base].get("decode", [])}
-        for d8 in c8.get("decode", []):
-            t8, _ = _step_us(d8)
-            t16, _ = _step_us(d16.get((d8["n"], d8["prompt"]), {}))
-            if t8 is None or t16 is None:
-                continue
+        for d8, _, (t8, _), (t16, _) in _decode_twins(c8, c16):
             row["points"].append({"batch": d8["n"], "context": d8["prompt"],
                                   "step_us_fp8": round(t8, 1), "step_us_16bit": round(t16, 1),
                                   "speedup": round(t16 / t8, 3)})  # fmt: skip
