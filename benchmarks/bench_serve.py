@@ -1187,7 +1187,8 @@ def index_share_lines(summary: list[dict]) -> list[str]:
 
 
 # bytes per token per layer of the two MLA rows (vLLM's fp8_ds_mla: 512 e4m3 + 4 fp32 scales + 64
-# bf16 RoPE); the indexer's own key cache is the same in both and not counted here
+# bf16 RoPE); the indexer's own key cache is the same in both and not counted here. A copy of
+# vllm_sparse_mla.kernels._dims (that package needs torch; a runtime-tier test holds them equal)
 KV_ROW_BYTES = {"auto": 576 * 2, KV_FP8: 512 + 4 * 4 + 64 * 2}
 
 

@@ -376,3 +376,11 @@ def test_the_kv_dtypes_passed_are_vllms_engine_arguments() -> None:
     names = {f.name for f in dataclasses.fields(EngineArgs)}
     assert {"kv_cache_dtype", "gpu_memory_utilization"} <= names
     assert set(bs.KV_ROW_BYTES) <= set(typing.get_args(CacheDType))
+
+
+@pytest.mark.runtime
+def test_the_benchmarks_row_bytes_are_the_kernels() -> None:
+    # bench_serve runs without torch, so it cannot import the kernels' _dims; this holds the copy
+    from vllm_sparse_mla.kernels._dims import D_QK, FP8_ROW_BYTES
+
+    assert bs.KV_ROW_BYTES == {"auto": 2 * D_QK, bs.KV_FP8: FP8_ROW_BYTES}
