@@ -255,6 +255,20 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                                          plan=desc, **c8))  # fmt: skip
                 except Exception as exc:  # report, keep the 16-bit columns
                     MISSING[f"ours fp8 H={h} {label} {t}"] = repr(exc)[:300]
+                if args.sweep:
+                    for p2 in fp8_sweep_plans(p, kind, h, t):
+                        if time.monotonic() > args.sweep_deadline:
+                            break
+                        if p2.splits > 1 and t * p2.splits > ws.rows:
+                            continue
+                        vcalls = [partial(_launch, q, pool8, i, SCALE, o, ws, p2)
+                                  for q, i, o in sets]  # fmt: skip
+                        try:
+                            vus = graph_time_us(torch, vcalls)
+                        except Exception as exc:  # report and keep sweeping
+                            print(f"fp8 variant {p2} failed: {exc!r}"[:300], flush=True)
+                            continue
+                        _emit(rows_out, _row("fp8 variant", us=vus, plan=_plan_desc(p2), **c8))
             if args.sweep:
                 for p2 in sweep_plans(p, kind, h, t):
                     if time.monotonic() > args.sweep_deadline:
@@ -395,6 +409,42 @@ def bench_triton_mla(torch, fn, pool, b, h, num_sms):
 
 def triton_next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
+
+
+def _plan_desc(p) -> str:
+    c = p.cfg
+    return (f"S={p.splits} BH={c.block_h} BN={c.block_n} w={c.num_warps} ns={c.num_stages} "
+            f"{c.fp8_read}/{c.fp8_decode}")  # fmt: skip
+
+
+def fp8_sweep_plans(p, kind, h, t):
+    """fp8_ds_mla read variants for a few shapes: the default plan's tile with each read
+    ("group" / "tile") and e4m3 decode ("cvt" / "bits"), then other tiles, warps and depths
+    (smaller rows leave room for deeper rings) with each read under the "bits" decode."""
+    from dataclasses import replace
+
+    from vllm_sparse_mla.kernels._configs import AttnConfig
+    from vllm_sparse_mla.kernels.sparse_mla import Plan
+
+    if (kind, t) not in (("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)):
+        return []
+    out = [
+        Plan(replace(p.cfg, fp8_read=r, fp8_decode=d), p.head_blocks, p.splits)
+        for r in ("group", "tile")
+        for d in ("cvt", "bits")
+        if (r, d) != (p.cfg.fp8_read, p.cfg.fp8_decode)
+    ]
+    c = AttnConfig
+    if h <= 16:
+        cfgs = [c(16, 32, 4, 4), c(16, 64, 4, 3, 1)]
+    else:
+        cfgs = [c(64, 64, 8, 2, 1), c(64, 32, 8, 3, 1)]
+    for cfg in cfgs:
+        for r in ("group", "tile"):
+            cfg2 = replace(cfg, fp8_read=r, fp8_decode="bits")
+            if cfg2 != p.cfg:
+                out.append(Plan(cfg2, -(-h // cfg.block_h), p.splits))
+    return list(dict.fromkeys(out))
 
 
 def sweep_plans(p, kind, h, t):

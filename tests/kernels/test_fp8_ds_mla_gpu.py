@@ -104,13 +104,15 @@ def test_fp8_attention_prefill_chunk(t):
 VARIANTS = [(16, 32, 4, 3), (16, 16, 4, 3), (16, 64, 4, 3), (32, 16, 8, 4), (64, 64, 8, 2)]
 
 
+@pytest.mark.parametrize("read", ["group/cvt", "group/bits", "tile/cvt", "tile/bits"])
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: "bh{}_bn{}_w{}_ns{}".format(*c))
 @pytest.mark.parametrize(("t", "h", "splits"), [(64, 16, 1), (3, 64, 3), (3, 8, 64)])
-def test_fp8_config_variants(cfg, t, h, splits):
+def test_fp8_config_variants(cfg, t, h, splits, read):
     from vllm_sparse_mla.kernels._configs import AttnConfig
     from vllm_sparse_mla.kernels.sparse_mla import Plan, _launch
 
-    c = AttnConfig(*cfg)
+    fp8_read, fp8_decode = read.split("/")
+    c = AttnConfig(*cfg, fp8_read=fp8_read, fp8_decode=fp8_decode)
     q, cache, idx = _fp8_inputs(t, h, torch.float16, seed=11)
     out = nan_like((t, h, 512), torch.float16, "cuda")
     _launch(q, cache, idx, SCALE, out, None, Plan(c, -(-h // c.block_h), splits))

@@ -102,6 +102,23 @@ FP8_ATTN_CASES: dict[str, tuple[int, int, int, torch.dtype, dict]] = {
     ),
     "t2_h16_k64_bf16_strided_big": (2, 16, 64, BF16, {"block_pad": 5, "big": True}),
     "t2_h16_k64_fp16_big": (2, 16, 64, F16, {"big": True, "pad": 0.2}),
+    # the other reads and decodes: scales far from 1 (both ways) and a -1 tail, where a wrong
+    # 2**-8 unit or an fp16 overflow in the PV weights would show
+    "t4_h16_k192_fp16_big_group_bits": (
+        4,
+        16,
+        192,
+        F16,
+        {"big": True, "scale0": True, "tail": 5, "plan": "bn32_s3_group_bits"},
+    ),
+    "t4_h16_k192_bf16_big_tile_bits": (
+        4,
+        16,
+        192,
+        BF16,
+        {"big": True, "scale0": True, "tail": 5, "plan": "bn32_s3_tile_bits"},
+    ),
+    "t3_h24_k64_fp16_tile_cvt": (3, 24, 64, F16, {"pad": 0.3, "plan": "bh16x2_bn16_s1_tile_cvt"}),
 }
 
 

@@ -34,6 +34,10 @@ PLANS = {
     "bn16_s1": ((16, 16, 4, 3), 1, 1),
     "bh32_bn16_ns4_s2": ((32, 16, 8, 4), 2, 2),
     "bh64_bn32_s1": ((64, 32, 8, 3), 1, 1),
+    # fp8_ds_mla reads (AttnConfig's fp8_read / fp8_decode): on CPU "cvt" decodes byte by byte
+    "bn32_s3_group_bits": ((16, 32, 4, 3, 2, "group", "bits"), 1, 3),
+    "bn32_s3_tile_bits": ((16, 32, 4, 3, 2, "tile", "bits"), 1, 3),
+    "bh16x2_bn16_s1_tile_cvt": ((16, 16, 4, 3, 2, "tile", "cvt"), 2, 1),
 }
 
 # name -> (T, H, K, dtype, options for attn_inputs, plus "workspace" / "plan")

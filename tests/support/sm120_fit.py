@@ -72,7 +72,8 @@ def pipelining(
     of each scale group; ``row``: another buffer's row type, a regex), full wait in the loop,
     cp.async count)."""
     # fp8_ds_mla rows: each group of 128 latent bytes is gathered as [block_n, 32] int32 words
-    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|{D_LATENT // 16}xi32)"
+    # (the "tile" read: all four as [block_n, 4, 32])
+    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|(?:4x)?{D_LATENT // 16}xi32)"
     depths = [
         int(m.group(1)) for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{row},[^>]*mutable", ttgir)
     ]
@@ -171,7 +172,8 @@ def launched_configs():
                 NUM_HEADS=h, TOPK=TOPK, TOPK_PAD=TOPK, SPLITS=p.splits,
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
-                FP8_DS_MLA=fp8, FP8_CVT_ASM=fp8,
+                FP8_DS_MLA=fp8, FP8_TILE=fp8 and cfg.fp8_read == "tile",
+                FP8_DECODE=(2 if cfg.fp8_decode == "bits" else 1) if fp8 else 0,
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
             cache = "fp8 " if fp8 else ""

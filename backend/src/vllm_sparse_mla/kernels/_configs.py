@@ -23,6 +23,15 @@ class AttnConfig:
     num_warps: int
     num_stages: int  # loop pipeline depth: the row ring holds num_stages - 1 tiles
     max_ctas_per_sm: int = 2  # register-bound residency (from the compile reports)
+    # fp8_ds_mla rows only (sparse_mla._sparse_mla_kernel): "group" = four 128-wide dots over the
+    # unscaled e4m3 values, "tile" = the [block_n, 512] tile dequantized for the 16-bit dots;
+    # the e4m3 decode "cvt" (cvt.rn.f16x2.e4m3x2 on sm_89+) or "bits" (integer bit moves)
+    fp8_read: str = "group"
+    fp8_decode: str = "cvt"
+
+    def __post_init__(self) -> None:
+        if self.fp8_read not in ("group", "tile") or self.fp8_decode not in ("cvt", "bits"):
+            raise ValueError(f"fp8_read/fp8_decode: {self.fp8_read!r}/{self.fp8_decode!r}")
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:
         """Estimate of the shared memory triton allocates: the row ring, q, the index ring."""

@@ -45,8 +45,12 @@ import triton.language as tl
 from ._capability import DeviceInfo, device_info
 from ._configs import MIN_DECODE_SPLITS, MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
 from ._dims import D_LATENT, D_QK, D_ROPE, FP8_ROW_BYTES
+from .fp8_ds_mla import ROPE_OFFSET, SCALE_OFFSET
 
 LOG2E = 1.4426950408889634
+# fp8_ds_mla row layout, as the write kernel lays it out (fp8_ds_mla.py)
+_FP8_SCALES = tl.constexpr(SCALE_OFFSET)
+_FP8_ROPE = tl.constexpr(ROPE_OFFSET)
 
 
 @triton.jit
@@ -79,14 +83,23 @@ def _sparse_mla_kernel(
     FLAT_SLOTS: tl.constexpr,
     DOT_F32: tl.constexpr,
     FP8_DS_MLA: tl.constexpr = False,
-    FP8_CVT_ASM: tl.constexpr = False,
+    FP8_TILE: tl.constexpr = False,
+    FP8_DECODE: tl.constexpr = 0,
 ):
     tl.static_assert(BLOCK_H >= 16)
     GROUP: tl.constexpr = D_LATENT // 4  # fp8_ds_mla: one fp32 scale per 128 latent values
+    # fp8_ds_mla reads: FP8_TILE dequantizes the [BLOCK_N, 512] tile (value x scale, in q's
+    # dtype) and runs the 16-bit dots; otherwise ("group") the unscaled e4m3 values feed four
+    # 128-wide dots and each scale multiplies its logits and PV weights. FP8_DECODE: 0 byte by
+    # byte (any device, the interpreter), 1 cvt.rn.f16x2.e4m3x2 (sm_89+), 2 integer bit moves
+    # (any device), which leave every value 2**-8 too small: FP8_UNIT puts it back in the scale.
+    GROUPED: tl.constexpr = FP8_DS_MLA and not FP8_TILE
+    FP8_UNIT: tl.constexpr = 256.0 if FP8_DECODE == 2 else 1.0
     # fp8_ds_mla: p x scale x FP8_LIFT is cast to 16 bits for the PV dot, and the sums are scaled
     # back at the end. With scale = amax / 448 that is <= 0.57 amax (no fp16 overflow for any
-    # fp16 amax) and keeps small groups' weights out of fp16's subnormal range.
-    FP8_LIFT: tl.constexpr = 256.0
+    # fp16 amax) and keeps small groups' weights out of fp16's subnormal range. (The decode's
+    # 2**-8 already sits in the scale as FP8_UNIT.)
+    FP8_LIFT: tl.constexpr = 256.0 / FP8_UNIT
     pid = tl.program_id(0)
     i_hb = pid % HEAD_BLOCKS
     i_s = (pid // HEAD_BLOCKS) % SPLITS
@@ -111,7 +124,7 @@ def _sparse_mla_kernel(
 
     # [BLOCK_H, D_LATENT] (fp8 rows: 4 x [BLOCK_H, GROUP], one per scale group), [BLOCK_H, D_ROPE]
     p_q = q_ptr + i_t64 * stride_qt + o_h[:, None].to(tl.int64) * stride_qh
-    if FP8_DS_MLA:
+    if GROUPED:
         b_q0 = _load_q(p_q + 0 * GROUP + o_gd[None, :], m_h, DOT_F32)
         b_q1 = _load_q(p_q + 1 * GROUP + o_gd[None, :], m_h, DOT_F32)
         b_q2 = _load_q(p_q + 2 * GROUP + o_gd[None, :], m_h, DOT_F32)
@@ -146,18 +159,21 @@ def _sparse_mla_kernel(
             # [BLOCK_N, 512] tile. Gathered as int32 words: the pipeliner gives word loads a
             # cp.async ring (it left a byte load synchronous).
             p_w = p_row.to(tl.pointer_type(tl.int32))
-            b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
-            b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
-            b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
-            b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_CVT_ASM, b_q0.dtype)
-            p_sc = (p_row + D_LATENT).to(tl.pointer_type(tl.float32))
+            p_sc = (p_row + _FP8_SCALES).to(tl.pointer_type(tl.float32))
             b_sc = tl.load(p_sc[:, None] + tl.arange(0, 4)[None, :], mask=m_valid[:, None],
-                           other=0.0)  # fmt: skip
-            b_sc02, b_sc13 = tl.split(tl.reshape(b_sc, [BLOCK_N, 2, 2]))
-            b_sc0, b_sc2 = tl.split(b_sc02)
-            b_sc1, b_sc3 = tl.split(b_sc13)
+                           other=0.0) * FP8_UNIT  # fmt: skip
+            if FP8_TILE:
+                b_kv = _e4m3_tile(p_w, b_sc, m_valid, GROUP, FP8_DECODE, b_q_nope.dtype)
+            else:
+                b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
+                b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
+                b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
+                b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
+                b_sc02, b_sc13 = tl.split(tl.reshape(b_sc, [BLOCK_N, 2, 2]))
+                b_sc0, b_sc2 = tl.split(b_sc02)
+                b_sc1, b_sc3 = tl.split(b_sc13)
             # rope (16-bit) follows the 4 fp32 scales
-            p_kr = (p_row + D_LATENT + 4 * 4).to(tl.pointer_type(q_ptr.dtype.element_ty))
+            p_kr = (p_row + _FP8_ROPE).to(tl.pointer_type(q_ptr.dtype.element_ty))
             b_kr = tl.load(p_kr[:, None] + o_dr[None, :], mask=m_valid[:, None], other=0.0)
         else:
             b_kv = tl.load(p_row[:, None] + o_dl[None, :], mask=m_valid[:, None], other=0.0)
@@ -171,7 +187,7 @@ def _sparse_mla_kernel(
         if DOT_F32:
             b_kr = b_kr.to(tl.float32)
         # [BLOCK_H, BLOCK_N] logits in log2 units
-        if FP8_DS_MLA:
+        if GROUPED:
             b_s = tl.dot(b_q0, tl.trans(b_k0)) * b_sc0[None, :]
             b_s += tl.dot(b_q1, tl.trans(b_k1)) * b_sc1[None, :]
             b_s += tl.dot(b_q2, tl.trans(b_k2)) * b_sc2[None, :]
@@ -188,7 +204,7 @@ def _sparse_mla_kernel(
         b_p = tl.exp2(b_s - b_m_use[:, None])
         b_alpha = tl.exp2(b_m - b_m_use)
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
-        if FP8_DS_MLA:
+        if GROUPED:
             b_p = b_p * FP8_LIFT
             b_acc0 = _pv_group(b_p, b_sc0, b_k0, b_acc0, b_alpha, b_pv_dtype)
             b_acc1 = _pv_group(b_p, b_sc1, b_k1, b_acc1, b_alpha, b_pv_dtype)
@@ -209,7 +225,7 @@ def _sparse_mla_kernel(
         b_lse = tl.where(b_has, b_m + tl.log2(b_den), float("-inf"))
         tl.store(part_lse_ptr + i_row + o_h, b_lse, mask=m_h)
     # the output row, or this split's partial (normalised, fp32)
-    if FP8_DS_MLA:
+    if GROUPED:
         b_den8 = b_den * FP8_LIFT
         _store_rows(p_o + 0 * GROUP + o_gd[None, :], b_acc0 / b_den8[:, None], m_h)
         _store_rows(p_o + 1 * GROUP + o_gd[None, :], b_acc1 / b_den8[:, None], m_h)
@@ -233,14 +249,10 @@ def _store_rows(p, b, m_h):
 
 
 @triton.jit
-def _e4m3_group(
-    p_w, g: tl.constexpr, m_valid, GROUP: tl.constexpr, CVT_ASM: tl.constexpr, dtype: tl.constexpr
-):
-    """[BLOCK_N, GROUP] latent values g * GROUP .. of the rows at int32 pointers ``p_w``: the
-    e4m3 values unscaled, exact in fp16 (then ``dtype``; exact in bf16 too)."""
-    o_w = g * (GROUP // 4) + tl.arange(0, GROUP // 4)
-    b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
-    if CVT_ASM:  # sm_89+: two cvt.rn.f16x2.e4m3x2 per word (the bytes are little-endian)
+def _e4m3_words(b_w, DECODE: tl.constexpr):
+    """The 4 e4m3 bytes of each int32 word (byte i = latent value 4w + i: little-endian) as fp16
+    values: exact for DECODE 0 and 1, exactly 2**-8 of the value for DECODE 2."""
+    if DECODE == 1:  # sm_89+: two cvt.rn.f16x2.e4m3x2 per word
         b_0, b_1, b_2, b_3 = tl.inline_asm_elementwise(
             asm="""{
             .reg .b16 lo, hi;
@@ -257,14 +269,59 @@ def _e4m3_group(
             is_pure=True,
             pack=1,
         )
+    elif DECODE == 2:
+        # e4m3 s.eeee.mmm placed as fp16 s.0eeee.mmm0000000 (sign to bit 15, the rest to bits
+        # 7..13) is the same number times 2**(7 - 15), subnormals included; integer ops run at
+        # full rate where cvt does not. The NaN byte 0x7F reads as the finite 480.
+        lo = ((b_w << 8) & -2147450880) | ((b_w << 7) & 0x3F803F80)  # 0x80008000: bytes 0, 2
+        hi = (b_w & -2147450880) | ((b_w >> 1) & 0x3F803F80)  # bytes 1, 3
+        b_0 = lo.to(tl.int16).to(tl.float16, bitcast=True)
+        b_2 = (lo >> 16).to(tl.int16).to(tl.float16, bitcast=True)
+        b_1 = hi.to(tl.int16).to(tl.float16, bitcast=True)
+        b_3 = (hi >> 16).to(tl.int16).to(tl.float16, bitcast=True)
     else:  # any device and the interpreter: byte by byte
         b_0 = _e4m3_byte(b_w, 0)
         b_1 = _e4m3_byte(b_w, 8)
         b_2 = _e4m3_byte(b_w, 16)
         b_3 = _e4m3_byte(b_w, 24)
-    # value 4w + i is byte i of word w
-    b_k = tl.reshape(tl.join(tl.join(b_0, b_2), tl.join(b_1, b_3)), [b_w.shape[0], GROUP])
-    return b_k.to(dtype)
+    return b_0, b_1, b_2, b_3
+
+
+@triton.jit
+def _interleave(b_0, b_1, b_2, b_3):
+    """[..., W] x 4 (byte i of word w) -> [..., W, 4]: value 4w + i."""
+    return tl.join(tl.join(b_0, b_2), tl.join(b_1, b_3))
+
+
+@triton.jit
+def _e4m3_group(
+    p_w, g: tl.constexpr, m_valid, GROUP: tl.constexpr, DECODE: tl.constexpr, dtype: tl.constexpr
+):
+    """[BLOCK_N, GROUP] latent values g * GROUP .. of the rows at int32 pointers ``p_w``: the
+    e4m3 values unscaled (times 2**-8 for DECODE 2), exact in fp16 (then ``dtype``; exact in
+    bf16 too)."""
+    o_w = g * (GROUP // 4) + tl.arange(0, GROUP // 4)
+    b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
+    b_0, b_1, b_2, b_3 = _e4m3_words(b_w, DECODE)
+    return tl.reshape(_interleave(b_0, b_1, b_2, b_3), [b_w.shape[0], GROUP]).to(dtype)
+
+
+@triton.jit
+def _e4m3_tile(p_w, b_sc, m_valid, GROUP: tl.constexpr, DECODE: tl.constexpr, dtype: tl.constexpr):
+    """[BLOCK_N, 4 * GROUP] dequantized latent rows (value x its group's scale ``b_sc``
+    [BLOCK_N, 4], product in fp32, then ``dtype``)."""
+    W: tl.constexpr = GROUP // 4
+    o_w = tl.arange(0, 4)[None, :, None] * W + tl.arange(0, W)[None, None, :]
+    b_w = tl.load(p_w[:, None, None] + o_w, mask=m_valid[:, None, None], other=0)
+    b_0, b_1, b_2, b_3 = _e4m3_words(b_w, DECODE)
+    b_s = b_sc[:, :, None]
+    b_k = _interleave(
+        (b_0.to(tl.float32) * b_s).to(dtype),
+        (b_1.to(tl.float32) * b_s).to(dtype),
+        (b_2.to(tl.float32) * b_s).to(dtype),
+        (b_3.to(tl.float32) * b_s).to(dtype),
+    )
+    return tl.reshape(b_k, [b_w.shape[0], 4 * GROUP])
 
 
 @triton.jit
@@ -319,6 +376,16 @@ def _combine_kernel(
 # ----------------------------------------------------------------------------------------------
 # Launch planning and workspace
 # ----------------------------------------------------------------------------------------------
+
+
+def _fp8_decode(cfg: AttnConfig, device: torch.device) -> int:
+    """FP8_DECODE for a config on a device: "cvt" needs sm_89+ (the interpreter and older GPUs
+    convert byte by byte), "bits" runs anywhere."""
+    if cfg.fp8_decode == "bits":
+        return 2
+    if device.type == "cuda" and device_info(device).capability >= (8, 9):
+        return 1
+    return 0
 
 
 @dataclass(frozen=True)
@@ -566,8 +633,9 @@ def _launch(
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
         FP8_DS_MLA=fp8,
-        # only fp8 rows branch on it, so 16-bit launches keep one specialisation
-        FP8_CVT_ASM=fp8 and q.device.type == "cuda" and device_info(q.device).capability >= (8, 9),
+        # only fp8 rows branch on these, so 16-bit launches keep one specialisation
+        FP8_TILE=fp8 and cfg.fp8_read == "tile",
+        FP8_DECODE=_fp8_decode(cfg, q.device) if fp8 else 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
