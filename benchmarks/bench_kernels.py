@@ -436,7 +436,7 @@ def fp8_sweep_plans(p, kind, h, t):
     ]
     c = AttnConfig
     if h <= 16:
-        cfgs = [c(16, 32, 4, 4), c(16, 64, 4, 3, 1)]
+        cfgs = [c(16, 32, 4, 4), c(16, 16, 4, 4), c(16, 64, 4, 3, 1)]
     else:
         cfgs = [c(64, 64, 8, 2, 1), c(64, 32, 8, 3, 1)]
     for cfg in cfgs:
