@@ -208,7 +208,7 @@ def attn_shapes(quick):
 def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
     from vllm_sparse_mla.kernels import make_workspace, sparse_mla_attention
     from vllm_sparse_mla.kernels._capability import device_info
-    from vllm_sparse_mla.kernels.sparse_mla import _launch, plan
+    from vllm_sparse_mla.kernels.sparse_mla import plan
 
     info = device_info(torch.device("cuda", 0))
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -241,9 +241,7 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 MISSING[f"ours H={h} {label} {t}"] = repr(exc)[:300]
                 del sets
                 continue
-            desc = (f"S={p.splits} BH={p.cfg.block_h} BN={p.cfg.block_n} w={p.cfg.num_warps} "
-                    f"ns={p.cfg.num_stages}")  # fmt: skip
-            _emit(rows_out, _row("ours", us=us, plan=desc, **common))
+            _emit(rows_out, _row("ours", us=us, plan=_plan_desc(p), **common))
             if pool8 is not None:
                 c8 = dict(common, kv_bytes=t * TOPK * FP8_ROW_BYTES)
                 calls8 = [
@@ -252,39 +250,15 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 ]
                 try:
                     _emit(rows_out, _row("ours fp8_ds_mla", us=graph_time_us(torch, calls8),
-                                         plan=desc, **c8))  # fmt: skip
+                                         plan=_plan_desc(p, fp8=True), **c8))  # fmt: skip
                 except Exception as exc:  # report, keep the 16-bit columns
                     MISSING[f"ours fp8 H={h} {label} {t}"] = repr(exc)[:300]
                 if args.sweep:
-                    for p2 in fp8_sweep_plans(p, kind, h, t):
-                        if time.monotonic() > args.sweep_deadline:
-                            break
-                        if p2.splits > 1 and t * p2.splits > ws.rows:
-                            continue
-                        vcalls = [partial(_launch, q, pool8, i, SCALE, o, ws, p2)
-                                  for q, i, o in sets]  # fmt: skip
-                        try:
-                            vus = graph_time_us(torch, vcalls)
-                        except Exception as exc:  # report and keep sweeping
-                            print(f"fp8 variant {p2} failed: {exc!r}"[:300], flush=True)
-                            continue
-                        _emit(rows_out, _row("fp8 variant", us=vus, plan=_plan_desc(p2), **c8))
+                    time_variants(torch, args, fp8_sweep_plans(p, kind, h, t), pool8, sets, ws,
+                                  "fp8 variant", c8, rows_out)  # fmt: skip
             if args.sweep:
-                for p2 in sweep_plans(p, kind, h, t):
-                    if time.monotonic() > args.sweep_deadline:
-                        break
-                    if p2.splits > 1 and t * p2.splits > ws.rows:
-                        continue
-                    vcalls = [partial(_launch, q, pool, i, SCALE, o, ws, p2) for q, i, o in sets]
-                    try:
-                        vus = graph_time_us(torch, vcalls)
-                    except Exception as exc:  # report and keep sweeping
-                        print(f"variant {p2} failed: {exc!r}"[:300], flush=True)
-                        continue
-                    c2 = p2.cfg
-                    d2 = (f"S={p2.splits} BH={c2.block_h} BN={c2.block_n} w={c2.num_warps} "
-                          f"ns={c2.num_stages}")  # fmt: skip
-                    _emit(rows_out, _row("variant", us=vus, plan=d2, **common))
+                time_variants(torch, args, sweep_plans(p, kind, h, t), pool, sets, ws, "variant",
+                              common, rows_out)  # fmt: skip
             if not args.no_naive and (kind == "decode" or t <= 1024):
                 ncalls = [
                     (lambda q=q, i=i: naive_attention(torch, q, flat, i)) for q, i, _ in sets[:4]
@@ -411,10 +385,30 @@ def triton_next_pow2(x: int) -> int:
     return 1 << max(0, (x - 1).bit_length())
 
 
-def _plan_desc(p) -> str:
+def _plan_desc(p, fp8: bool = False) -> str:
     c = p.cfg
-    return (f"S={p.splits} BH={c.block_h} BN={c.block_n} w={c.num_warps} ns={c.num_stages} "
-            f"{c.fp8_read}/{c.fp8_decode}")  # fmt: skip
+    desc = f"S={p.splits} BH={c.block_h} BN={c.block_n} w={c.num_warps} ns={c.num_stages}"
+    return f"{desc} {c.fp8_read}/{c.fp8_decode}" if fp8 else desc
+
+
+def time_variants(torch, args, plans, cache, sets, ws, impl, common, rows_out) -> None:
+    """Time each plan over ``cache`` beside the default (rows named ``impl``), until the sweep
+    budget is spent; a plan that fails is reported and skipped."""
+    from vllm_sparse_mla.kernels.sparse_mla import _launch
+
+    fp8, t = cache.dtype == torch.uint8, sets[0][0].shape[0]
+    for p2 in plans:
+        if time.monotonic() > args.sweep_deadline:
+            break
+        if p2.splits > 1 and t * p2.splits > ws.rows:
+            continue
+        calls = [partial(_launch, q, cache, i, SCALE, o, ws, p2) for q, i, o in sets]
+        try:
+            us = graph_time_us(torch, calls)
+        except Exception as exc:  # report and keep sweeping
+            print(f"{impl} {p2} failed: {exc!r}"[:300], flush=True)
+            continue
+        _emit(rows_out, _row(impl, us=us, plan=_plan_desc(p2, fp8), **common))
 
 
 def fp8_sweep_plans(p, kind, h, t):

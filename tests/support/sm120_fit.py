@@ -172,8 +172,7 @@ def launched_configs():
                 NUM_HEADS=h, TOPK=TOPK, TOPK_PAD=TOPK, SPLITS=p.splits,
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
-                FP8_DS_MLA=fp8, FP8_TILE=fp8 and cfg.fp8_read == "tile",
-                FP8_DECODE=(2 if cfg.fp8_decode == "bits" else 1) if fp8 else 0,
+                **sparse_mla.row_flags(cfg, fp8, SM120.capability),
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
             cache = "fp8 " if fp8 else ""

@@ -29,8 +29,9 @@ def test_fp8_sweep_covers_every_read_and_decode(h: int, kind: str, t: int) -> No
     reads = {(r, d) for r in ("group", "tile") for d in ("cvt", "bits")}
     assert same_tile | {(default.cfg.fp8_read, default.cfg.fp8_decode)} == reads
     assert all(v.head_blocks * v.cfg.block_h >= h for v in variants)
-    assert "group/bits" in bk._plan_desc(next(v for v in variants if v.cfg.fp8_decode == "bits"
-                                               and v.cfg.fp8_read == "group"))  # fmt: skip
+    bits = next(v for v in variants if (v.cfg.fp8_read, v.cfg.fp8_decode) == ("group", "bits"))
+    assert bk._plan_desc(bits, fp8=True).endswith(" group/bits")
+    assert "/" not in bk._plan_desc(default)  # 16-bit rows: no fp8 read named
 
 
 def test_unknown_fp8_read_is_refused() -> None:

@@ -378,14 +378,18 @@ def _combine_kernel(
 # ----------------------------------------------------------------------------------------------
 
 
-def _fp8_decode(cfg: AttnConfig, device: torch.device) -> int:
-    """FP8_DECODE for a config on a device: "cvt" needs sm_89+ (the interpreter and older GPUs
-    convert byte by byte), "bits" runs anywhere."""
+def row_flags(cfg: AttnConfig, fp8: bool, capability: tuple[int, int] | None) -> dict[str, object]:
+    """The kernel's row-format constexprs for a config: 16-bit rows get one specialisation;
+    fp8_ds_mla rows the config's read and decode, where "cvt" needs sm_89+ (``capability`` None =
+    the interpreter: byte by byte) and "bits" runs anywhere. The launcher and the sm_120
+    cross-compile (tests/support/sm120_fit.py) both take them from here."""
+    if not fp8:
+        return {"FP8_DS_MLA": False, "FP8_TILE": False, "FP8_DECODE": 0}
     if cfg.fp8_decode == "bits":
-        return 2
-    if device.type == "cuda" and device_info(device).capability >= (8, 9):
-        return 1
-    return 0
+        decode = 2
+    else:
+        decode = 1 if capability is not None and capability >= (8, 9) else 0
+    return {"FP8_DS_MLA": True, "FP8_TILE": cfg.fp8_read == "tile", "FP8_DECODE": decode}
 
 
 @dataclass(frozen=True)
@@ -598,6 +602,7 @@ def _launch(
         part_o = part_lse = out  # unused by the kernel when SPLITS == 1
 
     fp8 = kv_cache.dtype == torch.uint8
+    cap = device_info(q.device).capability if fp8 and q.device.type == "cuda" else None
     block_size = kv_cache.shape[1]
     if block_size & (block_size - 1):
         raise ValueError(f"kv_cache block size must be a power of two, got {block_size}")
@@ -632,10 +637,7 @@ def _launch(
         # Triton 3.6's interpreter mis-computes bf16 tl.dot (integer-like garbage); on CPU the
         # bf16 operands are upcast to fp32 (exact), so CI checks the same math.
         DOT_F32=q.device.type != "cuda" and q.dtype == torch.bfloat16,
-        FP8_DS_MLA=fp8,
-        # only fp8 rows branch on these, so 16-bit launches keep one specialisation
-        FP8_TILE=fp8 and cfg.fp8_read == "tile",
-        FP8_DECODE=_fp8_decode(cfg, q.device) if fp8 else 0,
+        **row_flags(cfg, fp8, cap),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
