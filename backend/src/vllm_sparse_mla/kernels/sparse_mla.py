@@ -271,8 +271,9 @@ def _e4m3_words(b_w, DECODE: tl.constexpr):
         )
     elif DECODE == 2:
         # e4m3 s.eeee.mmm placed as fp16 s.0eeee.mmm0000000 (sign to bit 15, the rest to bits
-        # 7..13) is the same number times 2**(7 - 15), subnormals included; integer ops run at
-        # full rate where cvt does not. The NaN byte 0x7F reads as the finite 480.
+        # 7..13) is the same number times 2**(7 - 15), subnormals included: integer ops in place
+        # of cvt, whose rate may bound the read (unmeasured; bench_kernels --fp8 --sweep times
+        # both). The NaN byte 0x7F reads as the finite 480.
         lo = ((b_w << 8) & -2147450880) | ((b_w << 7) & 0x3F803F80)  # 0x80008000: bytes 0, 2
         hi = (b_w & -2147450880) | ((b_w >> 1) & 0x3F803F80)  # bytes 1, 3
         b_0 = lo.to(tl.int16).to(tl.float16, bitcast=True)
