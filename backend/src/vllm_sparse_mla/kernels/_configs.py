@@ -61,8 +61,18 @@ _H32_SMALL = AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=4)
 # every shape (decode 32 58.3 vs 68.9 us for the 32-row 3-stage tile, decode 128 188 vs 235,
 # prefill 4096 4966 vs 6532): the wgmma tile halves the q re-reads, which costs more than the
 # missing prefetch ring.
-_H64_WIDE = AttnConfig(block_h=64, block_n=64, num_warps=8, num_stages=2, max_ctas_per_sm=1)
-_H64 = AttnConfig(block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_per_sm=1)
+# Over fp8_ds_mla rows these tiles take the "tile" read (H100, 2026-12-07, bench_kernels.py
+# --fp8 --sweep, same run): it keeps the wgmma tile's two 16-bit dots, where the "group" read's
+# four 128-wide dots cost 1.33-1.53x (64 heads, BH64 BN64: decode 32 64.1 vs 85.2 us, decode 128
+# 211.5 vs 298.7, prefill 4096 5380 vs 8256; 16-bit rows 62.2 / 200.4 / 5015). The 16-head mma
+# tiles keep "group" (8 heads, BH16 BN64: decode 128 174.7 vs 273.7 tile; BN32 decode 32 46.3
+# vs 47.5), and "cvt" beats "bits" everywhere it was timed.
+_H64_WIDE = AttnConfig(
+    block_h=64, block_n=64, num_warps=8, num_stages=2, max_ctas_per_sm=1, fp8_read="tile"
+)
+_H64 = AttnConfig(
+    block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_per_sm=1, fp8_read="tile"
+)
 
 # (capability major or None = any, head bucket, strategy) -> candidates, best first. "decode"
 # (many splits of few rows) keeps short tiles; "prefill" (and large decode batches, see
