@@ -66,7 +66,8 @@ _H32_SMALL = AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=4)
 # four 128-wide dots cost 1.33-1.53x (64 heads, BH64 BN64: decode 32 64.1 vs 85.2 us, decode 128
 # 211.5 vs 298.7, prefill 4096 5380 vs 8256; 16-bit rows 62.2 / 200.4 / 5015). The 16-head mma
 # tiles keep "group" (8 heads, BH16 BN64: decode 128 174.7 vs 273.7 tile; BN32 decode 32 46.3
-# vs 47.5), and "cvt" beats "bits" everywhere it was timed.
+# vs 47.5); the 32-head tiles, not timed over fp8 rows, keep the default "group" too. "cvt" beats
+# "bits" everywhere it was timed.
 _H64_WIDE = AttnConfig(
     block_h=64, block_n=64, num_warps=8, num_stages=2, max_ctas_per_sm=1, fp8_read="tile"
 )
