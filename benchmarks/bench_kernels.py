@@ -413,9 +413,10 @@ def time_variants(torch, args, plans, cache, sets, ws, impl, common, rows_out) -
 
 def fp8_sweep_plans(p, kind, h, t):
     """fp8_ds_mla read variants for a few shapes: the default plan's tile with each read
-    ("group" / "tile") and e4m3 decode ("cvt" / "bits"), then other tiles, warps and depths
-    (smaller rows leave room for deeper rings) with each read under the "cvt" decode (faster than
-    "bits" at every shape of the H100 sweep, 2026-12-07)."""
+    ("group" / "tile") and e4m3 decode ("cvt" / "bits" / "f8"), then other tiles, warps and
+    depths (smaller rows leave room for deeper rings) with each read under the "cvt" decode
+    (faster than "bits" at every shape of the H100 sweep, 2026-12-07) and the group read under
+    "f8" (not timed before 2026-12-07's ninth session)."""
     from dataclasses import replace
 
     from vllm_sparse_mla.kernels._configs import AttnConfig
@@ -423,10 +424,10 @@ def fp8_sweep_plans(p, kind, h, t):
 
     if (kind, t) not in (("decode", 1), ("decode", 32), ("decode", 128), ("prefill", 4096)):
         return []
+    reads = [("group", d) for d in ("cvt", "bits", "f8")] + [("tile", d) for d in ("cvt", "bits")]
     out = [
         Plan(replace(p.cfg, fp8_read=r, fp8_decode=d), p.head_blocks, p.splits)
-        for r in ("group", "tile")
-        for d in ("cvt", "bits")
+        for r, d in reads
         if (r, d) != (p.cfg.fp8_read, p.cfg.fp8_decode)
     ]
     c = AttnConfig
@@ -435,8 +436,8 @@ def fp8_sweep_plans(p, kind, h, t):
     else:
         cfgs = [c(64, 64, 8, 2, 1), c(64, 32, 8, 3, 1)]
     for cfg in cfgs:
-        for r in ("group", "tile"):
-            cfg2 = replace(cfg, fp8_read=r, fp8_decode="cvt")
+        for r, d in (("group", "cvt"), ("tile", "cvt"), ("group", "f8")):
+            cfg2 = replace(cfg, fp8_read=r, fp8_decode=d)
             if cfg2 != p.cfg:
                 out.append(Plan(cfg2, -(-h // cfg.block_h), p.splits))
     return list(dict.fromkeys(out))

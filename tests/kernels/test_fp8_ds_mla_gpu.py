@@ -104,7 +104,7 @@ def test_fp8_attention_prefill_chunk(t):
 VARIANTS = [(16, 32, 4, 3), (16, 16, 4, 3), (16, 64, 4, 3), (32, 16, 8, 4), (64, 64, 8, 2)]
 
 
-@pytest.mark.parametrize("read", ["group/cvt", "group/bits", "tile/cvt", "tile/bits"])
+@pytest.mark.parametrize("read", ["group/cvt", "group/bits", "group/f8", "tile/cvt", "tile/bits"])
 @pytest.mark.parametrize("cfg", VARIANTS, ids=lambda c: "bh{}_bn{}_w{}_ns{}".format(*c))
 @pytest.mark.parametrize(("t", "h", "splits"), [(64, 16, 1), (3, 64, 3), (3, 8, 64)])
 def test_fp8_config_variants(cfg, t, h, splits, read):

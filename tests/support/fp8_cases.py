@@ -119,6 +119,16 @@ FP8_ATTN_CASES: dict[str, tuple[int, int, int, torch.dtype, dict]] = {
         {"big": True, "scale0": True, "tail": 5, "plan": "bn32_s3_tile_bits"},
     ),
     "t3_h24_k64_fp16_tile_cvt": (3, 24, 64, F16, {"pad": 0.3, "plan": "bh16x2_bn16_s1_tile_cvt"}),
+    # the e4m3 loads triton converts, logits transposed: big/zero-group scales, split partials,
+    # repeated indices and a -1 tail; odd heads over two head blocks in one pass
+    "t4_h16_k192_bf16_big_group_f8": (
+        4,
+        16,
+        192,
+        BF16,
+        {"big": True, "scale0": True, "tail": 5, "repeat": True, "plan": "bn32_s3_group_f8"},
+    ),
+    "t3_h24_k64_fp16_group_f8": (3, 24, 64, F16, {"pad": 0.3, "plan": "bh16x2_bn16_s1_group_f8"}),
 }
 
 

@@ -38,6 +38,8 @@ PLANS = {
     "bn32_s3_group_bits": ((16, 32, 4, 3, 2, "group", "bits"), 1, 3),
     "bn32_s3_tile_bits": ((16, 32, 4, 3, 2, "tile", "bits"), 1, 3),
     "bh16x2_bn16_s1_tile_cvt": ((16, 16, 4, 3, 2, "tile", "cvt"), 2, 1),
+    "bn32_s3_group_f8": ((16, 32, 4, 3, 2, "group", "f8"), 1, 3),
+    "bh16x2_bn16_s1_group_f8": ((16, 16, 4, 3, 2, "group", "f8"), 2, 1),
 }
 
 # name -> (T, H, K, dtype, options for attn_inputs, plus "workspace" / "plan")

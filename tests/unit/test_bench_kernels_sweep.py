@@ -26,7 +26,7 @@ def test_fp8_sweep_covers_every_read_and_decode(h: int, kind: str, t: int) -> No
         == (default.cfg.block_h, default.cfg.block_n, default.cfg.num_warps,
             default.cfg.num_stages)
     }  # fmt: skip
-    reads = {(r, d) for r in ("group", "tile") for d in ("cvt", "bits")}
+    reads = {(r, d) for r in ("group", "tile") for d in ("cvt", "bits")} | {("group", "f8")}
     assert same_tile | {(default.cfg.fp8_read, default.cfg.fp8_decode)} == reads
     assert all(v.head_blocks * v.cfg.block_h >= h for v in variants)
     bits = next(v for v in variants if (v.cfg.fp8_read, v.cfg.fp8_decode) == ("group", "bits"))
@@ -39,6 +39,9 @@ def test_unknown_fp8_read_is_refused() -> None:
 
     with pytest.raises(ValueError, match="fp8_read/fp8_decode: 'rows'/'cvt'"):
         AttnConfig(16, 32, 4, 3, fp8_read="rows")
+    # the e4m3 loads triton converts exist for the group read only
+    with pytest.raises(ValueError, match="fp8_read/fp8_decode: 'tile'/'f8'"):
+        AttnConfig(16, 32, 4, 3, fp8_read="tile", fp8_decode="f8")
 
 
 def test_shapes_outside_the_sweep_get_no_variants() -> None:

@@ -25,12 +25,15 @@ class AttnConfig:
     max_ctas_per_sm: int = 2  # register-bound residency (from the compile reports)
     # fp8_ds_mla rows only (sparse_mla._sparse_mla_kernel): "group" = four 128-wide dots over the
     # unscaled e4m3 values, "tile" = the [block_n, 512] tile dequantized for the 16-bit dots;
-    # the e4m3 decode "cvt" (cvt.rn.f16x2.e4m3x2 on sm_89+) or "bits" (integer bit moves)
+    # the e4m3 decode "cvt" (cvt.rn.f16x2.e4m3x2 on sm_89+) or "bits" (integer bit moves) of
+    # int32 words, or "f8" (group read only: e4m3 loads that triton itself converts after the
+    # dot operands' shared-memory loads, the logits computed transposed)
     fp8_read: str = "group"
     fp8_decode: str = "cvt"
 
     def __post_init__(self) -> None:
-        if self.fp8_read not in ("group", "tile") or self.fp8_decode not in ("cvt", "bits"):
+        ok = self.fp8_read in ("group", "tile") and self.fp8_decode in ("cvt", "bits", "f8")
+        if not ok or (self.fp8_decode == "f8" and self.fp8_read != "group"):
             raise ValueError(f"fp8_read/fp8_decode: {self.fp8_read!r}/{self.fp8_decode!r}")
 
     def shared_bytes(self, elem_bytes: int = 2) -> int:

@@ -92,8 +92,13 @@ def _sparse_mla_kernel(
     # dtype) and runs the 16-bit dots; otherwise ("group") the unscaled e4m3 values feed four
     # 128-wide dots and each scale multiplies its logits and PV weights. FP8_DECODE: 0 byte by
     # byte (any device, the interpreter), 1 cvt.rn.f16x2.e4m3x2 (sm_89+), 2 integer bit moves
-    # (any device), which leave every value 2**-8 too small: FP8_UNIT puts it back in the scale.
+    # (any device), which leave every value 2**-8 too small: FP8_UNIT puts it back in the scale;
+    # 3 e4m3 loads converted by triton (group read only). Triton gives a loaded tile one shared
+    # layout per dot operand and converts each after its shared-memory load (the 16-bit tile
+    # never exists in shared memory); the logits are computed transposed (K x q^T) so that
+    # no e4m3 operand is transposed in registers.
     GROUPED: tl.constexpr = FP8_DS_MLA and not FP8_TILE
+    LOGITS_T: tl.constexpr = GROUPED and FP8_DECODE == 3
     FP8_UNIT: tl.constexpr = 256.0 if FP8_DECODE == 2 else 1.0
     # fp8_ds_mla: p x scale x FP8_LIFT is cast to 16 bits for the PV dot, and the sums are scaled
     # back at the end. With scale = amax / 448 that is <= 0.57 amax (no fp16 overflow for any
@@ -187,7 +192,14 @@ def _sparse_mla_kernel(
         if DOT_F32:
             b_kr = b_kr.to(tl.float32)
         # [BLOCK_H, BLOCK_N] logits in log2 units
-        if GROUPED:
+        if LOGITS_T:  # [BLOCK_N, BLOCK_H]
+            b_st = tl.dot(b_k0, tl.trans(b_q0)) * b_sc0[:, None]
+            b_st += tl.dot(b_k1, tl.trans(b_q1)) * b_sc1[:, None]
+            b_st += tl.dot(b_k2, tl.trans(b_q2)) * b_sc2[:, None]
+            b_st += tl.dot(b_k3, tl.trans(b_q3)) * b_sc3[:, None]
+            b_st = tl.dot(b_kr, tl.trans(b_q_rope), b_st)
+            b_s = tl.trans(b_st)
+        elif GROUPED:
             b_s = tl.dot(b_q0, tl.trans(b_k0)) * b_sc0[None, :]
             b_s += tl.dot(b_q1, tl.trans(b_k1)) * b_sc1[None, :]
             b_s += tl.dot(b_q2, tl.trans(b_k2)) * b_sc2[None, :]
@@ -196,7 +208,8 @@ def _sparse_mla_kernel(
             if DOT_F32:
                 b_kv = b_kv.to(tl.float32)
             b_s = tl.dot(b_q_nope, tl.trans(b_kv))
-        b_s = tl.dot(b_q_rope, tl.trans(b_kr), b_s)
+        if not LOGITS_T:
+            b_s = tl.dot(b_q_rope, tl.trans(b_kr), b_s)
         b_s = tl.where(m_valid[None, :], b_s * scale_log2, float("-inf"))
 
         b_m_new = tl.maximum(b_m, tl.max(b_s, axis=1))
@@ -301,6 +314,11 @@ def _e4m3_group(
     """[BLOCK_N, GROUP] latent values g * GROUP .. of the rows at int32 pointers ``p_w``: the
     e4m3 values unscaled (times 2**-8 for DECODE 2), exact in fp16 (then ``dtype``; exact in
     bf16 too)."""
+    if DECODE == 3:  # the group's GROUP bytes as e4m3
+        o_b = g * GROUP + tl.arange(0, GROUP)
+        p_b = p_w.to(tl.pointer_type(tl.float8e4nv))
+        b_b = tl.load(p_b[:, None] + o_b[None, :], mask=m_valid[:, None], other=0.0)
+        return b_b.to(dtype)
     o_w = g * (GROUP // 4) + tl.arange(0, GROUP // 4)
     b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
     b_0, b_1, b_2, b_3 = _e4m3_words(b_w, DECODE)
@@ -388,6 +406,8 @@ def row_flags(cfg: AttnConfig, fp8: bool, capability: tuple[int, int] | None) ->
         return {"FP8_DS_MLA": False, "FP8_TILE": False, "FP8_DECODE": 0}
     if cfg.fp8_decode == "bits":
         decode = 2
+    elif cfg.fp8_decode == "f8":
+        decode = 3
     else:
         decode = 1 if capability is not None and capability >= (8, 9) else 0
     return {"FP8_DS_MLA": True, "FP8_TILE": cfg.fp8_read == "tile", "FP8_DECODE": decode}
