@@ -32,10 +32,11 @@ import time
 from functools import partial
 from pathlib import Path
 
+from vllm_sparse_mla.kernels._dims import D_QK, FP8_ROW_BYTES
+
 EXAMPLES = __doc__.split("\n\n")[-1]
 TOPK = 2048
-ROW_BYTES = 576 * 2
-FP8_ROW_BYTES = 656  # fp8_ds_mla: 512 e4m3 + 4 fp32 scales + 64 16-bit rope
+ROW_BYTES = D_QK * 2  # a 16-bit cache row
 SCALE = 1.0 / 16
 SM120_COPY_TBS = 1.79  # RTX PRO 6000 Blackwell, for the on-paper column
 MISSING: dict[str, str] = {}  # column -> why it could not be filled
@@ -353,7 +354,7 @@ def bench_fp8_write(torch, args, copy_tbs, rows_out):
             sets.append((x, slots))
         calls = [partial(write_fp8_ds_mla, x[:, :512], x[:, 512:], cache, sl) for x, sl in sets]
         us = graph_time_us(torch, calls)
-        moved = t * (576 * 2 + FP8_ROW_BYTES)  # read 16-bit, write 656 B
+        moved = t * (ROW_BYTES + FP8_ROW_BYTES)  # read 16-bit, write 656 B
         floor_us = moved / (copy_tbs * 1e12) * 1e6
         row = _row("fp8_ds_mla write", 0, "write", t, us, moved, 0, floor_us, copy_tbs,
                    plan="1 program/token")  # fmt: skip

@@ -8,8 +8,29 @@ Public API (the vLLM glue in ``vllm_sparse_mla.backend`` codes against these nam
 
 from __future__ import annotations
 
-from .indexer import mqa_logits, paged_mqa_logits, paged_mqa_logits_metadata, topk_indices
-from .sparse_mla import SparseMLAWorkspace, make_workspace, sparse_mla_attention
+import importlib
+
+# name -> submodule. Loaded on first use (PEP 562), so that the torch-free modules (``_dims``,
+# ``_configs``) import without torch or triton, e.g. for benchmarks/bench_kernels.py's byte counts.
+_EXPORTS = {
+    "SparseMLAWorkspace": "sparse_mla",
+    "make_workspace": "sparse_mla",
+    "sparse_mla_attention": "sparse_mla",
+    "mqa_logits": "indexer",
+    "paged_mqa_logits": "indexer",
+    "paged_mqa_logits_metadata": "indexer",
+    "topk_indices": "indexer",
+}
+
+
+def __getattr__(name: str) -> object:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "SparseMLAWorkspace",
