@@ -93,12 +93,17 @@ def _sparse_mla_kernel(
     # 128-wide dots and each scale multiplies its logits and PV weights. FP8_DECODE: 0 byte by
     # byte (any device, the interpreter), 1 cvt.rn.f16x2.e4m3x2 (sm_89+), 2 integer bit moves
     # (any device), which leave every value 2**-8 too small: FP8_UNIT puts it back in the scale;
-    # 3 e4m3 loads converted by triton (group read only). Triton gives a loaded tile one shared
-    # layout per dot operand and converts each after its shared-memory load (the 16-bit tile
-    # never exists in shared memory); the logits are computed transposed (K x q^T) so that
-    # no e4m3 operand is transposed in registers.
+    # 3 e4m3 loads converted by triton (group read only), after each dot operand's load from
+    # shared memory: the 16-bit tile never passes through shared memory. The logits are computed
+    # transposed (K x q^T), so no e4m3 operand is transposed in registers, and each group is
+    # loaded twice, once per dot operand: a load feeding two operands (two shared layouts) got
+    # no cp.async ring from triton 3.6's pipeliner, one load per operand gets a 2-deep ring
+    # (sm_90/sm_120 TTGIR). The second read is the same bytes, from L2: the first keeps them
+    # there (evict_last), the second lets them go (evict_first; this also keeps the two loads
+    # distinct ops). DRAM bytes stay 656 per row; L2-to-SM bytes grow to 1168.
     GROUPED: tl.constexpr = FP8_DS_MLA and not FP8_TILE
     LOGITS_T: tl.constexpr = GROUPED and FP8_DECODE == 3
+    KEEP: tl.constexpr = "evict_last" if LOGITS_T else ""
     FP8_UNIT: tl.constexpr = 256.0 if FP8_DECODE == 2 else 1.0
     # fp8_ds_mla: p x scale x FP8_LIFT is cast to 16 bits for the PV dot, and the sums are scaled
     # back at the end. With scale = amax / 448 that is <= 0.57 amax (no fp16 overflow for any
@@ -170,10 +175,10 @@ def _sparse_mla_kernel(
             if FP8_TILE:
                 b_kv = _e4m3_tile(p_w, b_sc, m_valid, GROUP, FP8_DECODE, b_q_nope.dtype)
             else:
-                b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
-                b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
-                b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
-                b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_DECODE, b_q0.dtype)
+                b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
+                b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
+                b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
+                b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
                 b_sc02, b_sc13 = tl.split(tl.reshape(b_sc, [BLOCK_N, 2, 2]))
                 b_sc0, b_sc2 = tl.split(b_sc02)
                 b_sc1, b_sc3 = tl.split(b_sc13)
@@ -219,6 +224,11 @@ def _sparse_mla_kernel(
         b_l = b_l * b_alpha + tl.sum(b_p, axis=1)
         if GROUPED:
             b_p = b_p * FP8_LIFT
+            if LOGITS_T:  # the PV operand's own copy of the row bytes (see LOGITS_T)
+                b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
+                b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
+                b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
+                b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
             b_acc0 = _pv_group(b_p, b_sc0, b_k0, b_acc0, b_alpha, b_pv_dtype)
             b_acc1 = _pv_group(b_p, b_sc1, b_k1, b_acc1, b_alpha, b_pv_dtype)
             b_acc2 = _pv_group(b_p, b_sc2, b_k2, b_acc2, b_alpha, b_pv_dtype)
@@ -309,7 +319,8 @@ def _interleave(b_0, b_1, b_2, b_3):
 
 @triton.jit
 def _e4m3_group(
-    p_w, g: tl.constexpr, m_valid, GROUP: tl.constexpr, DECODE: tl.constexpr, dtype: tl.constexpr
+    p_w, g: tl.constexpr, m_valid, GROUP: tl.constexpr, DECODE: tl.constexpr, dtype: tl.constexpr,
+    EVICT: tl.constexpr = "",
 ):
     """[BLOCK_N, GROUP] latent values g * GROUP .. of the rows at int32 pointers ``p_w``: the
     e4m3 values unscaled (times 2**-8 for DECODE 2), exact in fp16 (then ``dtype``; exact in
@@ -317,7 +328,8 @@ def _e4m3_group(
     if DECODE == 3:  # the group's GROUP bytes as e4m3
         o_b = g * GROUP + tl.arange(0, GROUP)
         p_b = p_w.to(tl.pointer_type(tl.float8e4nv))
-        b_b = tl.load(p_b[:, None] + o_b[None, :], mask=m_valid[:, None], other=0.0)
+        b_b = tl.load(p_b[:, None] + o_b[None, :], mask=m_valid[:, None], other=0.0,
+                      eviction_policy=EVICT)  # fmt: skip
         return b_b.to(dtype)
     o_w = g * (GROUP // 4) + tl.arange(0, GROUP // 4)
     b_w = tl.load(p_w[:, None] + o_w[None, :], mask=m_valid[:, None], other=0)
