@@ -209,7 +209,7 @@ def attn_shapes(quick):
 def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
     from vllm_sparse_mla.kernels import make_workspace, sparse_mla_attention
     from vllm_sparse_mla.kernels._capability import device_info
-    from vllm_sparse_mla.kernels.sparse_mla import plan
+    from vllm_sparse_mla.kernels.sparse_mla import fp8_plan, plan
 
     info = device_info(torch.device("cuda", 0))
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -251,11 +251,13 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 ]
                 try:
                     _emit(rows_out, _row("ours fp8_ds_mla", us=graph_time_us(torch, calls8),
-                                         plan=_plan_desc(p, fp8=True), **c8))  # fmt: skip
+                                         plan=_plan_desc(fp8_plan(p, info), fp8=True),
+                                         **c8))  # fmt: skip
                 except Exception as exc:  # report, keep the 16-bit columns
                     MISSING[f"ours fp8 H={h} {label} {t}"] = repr(exc)[:300]
                 if args.sweep:
-                    time_variants(torch, args, fp8_sweep_plans(p, kind, h, t), pool8, sets, ws,
+                    p8 = fp8_plan(p, info)
+                    time_variants(torch, args, fp8_sweep_plans(p8, kind, h, t), pool8, sets, ws,
                                   "fp8 variant", c8, rows_out)  # fmt: skip
             if args.sweep:
                 time_variants(torch, args, sweep_plans(p, kind, h, t), pool, sets, ws, "variant",

@@ -38,6 +38,9 @@ class FitResult:
     ring_depth: int | None = None  # buffers of the row tile's shared ring (None: no main loop)
     loop_full_wait: bool | None = None  # an async_wait {num = 0} inside the main loop
     loop_async_copies: int | None = None  # cp.async ops (async_copy_global_to_local) in the loop
+    # 16-bit [block_n, 128] tiles written to shared memory in the loop: fp8 rows' dequantized
+    # scale groups on their way to a dot operand (the "f8" read has none)
+    loop_tile_allocs: int | None = None
     sass: int = 0  # SASS instructions in the cubin (a static cost proxy: fp8 vs 16-bit rows)
 
 
@@ -72,8 +75,8 @@ def pipelining(
     of each scale group; ``row``: another buffer's row type, a regex), full wait in the loop,
     cp.async count)."""
     # fp8_ds_mla rows: each group of 128 latent bytes is gathered as [block_n, 32] int32 words
-    # (the "tile" read: all four as [block_n, 4, 32])
-    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|(?:4x)?{D_LATENT // 16}xi32)"
+    # (the "tile" read: all four as [block_n, 4, 32]), or as [block_n, 128] e4m3 ("f8")
+    row = row or rf"(?:{D_LATENT}x[a-z0-9]+|(?:4x)?{D_LATENT // 16}xi32|{D_LATENT // 4}xf8E4M3FN)"
     depths = [
         int(m.group(1)) for m in re.finditer(rf"memdesc<(\d+)x{block_n}x{row},[^>]*mutable", ttgir)
     ]
@@ -83,6 +86,15 @@ def pipelining(
     full_wait = re.search(r"async_wait[^\n]*\{num = 0 : i32\}", loop) is not None
     copies = len(re.findall(r"async_copy_global_to_local", loop))
     return (max(depths) if depths else 1), full_wait, copies
+
+
+def tile_allocs(ttgir: str, block_n: int) -> int | None:
+    """16-bit [block_n, 128] tiles the main loop stores to shared memory (local_alloc)."""
+    loop = _main_loop(ttgir)
+    if loop is None:
+        return None
+    tile = rf"memdesc<{block_n}x{D_LATENT // 4}x(?:f16|bf16),"
+    return len(re.findall(rf"ttg\.local_alloc[^\n]*-> !ttg\.{tile}", loop))
 
 
 def compile_for_sm120(
@@ -136,6 +148,7 @@ def compile_for_sm120(
         out.ring_depth, out.loop_full_wait, out.loop_async_copies = pipelining(
             compiled.asm["ttgir"], block_n, row
         )
+        out.loop_tile_allocs = tile_allocs(compiled.asm["ttgir"], block_n)
     return out
 
 
@@ -159,7 +172,7 @@ def launched_configs():
     for dtype, fp8 in (("fp16", False), ("bf16", False), ("fp16", True), ("bf16", True)):
         row = FP8_ROW_BYTES if fp8 else 576
         for h, p in attention_plans():
-            cfg = p.cfg
+            cfg = sparse_mla.fp8_plan(p, SM120, dtype == "fp16").cfg if fp8 else p.cfg
             args = {
                 "q_ptr": f"*{dtype}", "kv_ptr": "*u8" if fp8 else f"*{dtype}",
                 "idx_ptr": "*i32",

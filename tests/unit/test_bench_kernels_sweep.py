@@ -14,9 +14,10 @@ pytestmark = pytest.mark.runtime(requires=("torch", "triton"))
 def test_fp8_sweep_covers_every_read_and_decode(h: int, kind: str, t: int) -> None:
     import bench_kernels as bk
     from vllm_sparse_mla.kernels._capability import DeviceInfo
-    from vllm_sparse_mla.kernels.sparse_mla import plan
+    from vllm_sparse_mla.kernels.sparse_mla import fp8_plan, plan
 
-    default = plan(t, h, 2048, DeviceInfo(capability=(9, 0), num_sms=132, max_shared_mem=232448))
+    h200 = DeviceInfo(capability=(9, 0), num_sms=132, max_shared_mem=232448)
+    default = fp8_plan(plan(t, h, 2048, h200), h200)  # the plan launched over fp8 rows
     variants = bk.fp8_sweep_plans(default, kind, h, t)
     assert default not in variants and len(set(variants)) == len(variants)
     same_tile = {

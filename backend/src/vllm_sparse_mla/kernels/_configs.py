@@ -78,6 +78,23 @@ _H64 = AttnConfig(
     block_h=64, block_n=32, num_warps=8, num_stages=3, max_ctas_per_sm=1, fp8_read="tile"
 )
 
+# Over fp8_ds_mla rows every 16-head tile launches this one (same splits; ``fp8_config``): the
+# e4m3 loads triton converts after the dot operands' shared loads ("f8"), 32 rows, 3 stages.
+# Measured on the H200, 2026-12-07 ninth session, bench_kernels.py --fp8 --sweep, 8 heads, same
+# run (us; the previous fp8 plan group/cvt on the planned tile / 16-bit rows): decode 1 9.7
+# (9.6 / 8.4), decode 32 38.6 (45.7 / 32.3), decode 128 119.9 (177.5 / 95.7), prefill 4096
+# 3390 (4983 / 2518). At 64 rows it loses (255 registers: decode 128 252.2); at 64 heads the
+# wgmma tiles keep the tile read (f8 there: decode 128 420.9 against 207.6).
+FP8_H16 = AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=3, fp8_decode="f8")
+
+
+def fp8_config(cfg: AttnConfig, max_shared_mem: int) -> AttnConfig:
+    """The config launched over fp8_ds_mla rows in place of ``cfg`` (a 16-bit plan's)."""
+    if cfg.block_h == 16 and FP8_H16.shared_bytes() <= max_shared_mem:
+        return FP8_H16
+    return cfg
+
+
 # (capability major or None = any, head bucket, strategy) -> candidates, best first. "decode"
 # (many splits of few rows) keeps short tiles; "prefill" (and large decode batches, see
 # sparse_mla.plan) takes the wide tile where it fits.

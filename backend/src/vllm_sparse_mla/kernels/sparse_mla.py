@@ -36,14 +36,14 @@ cost nothing). Plans depend on shapes and the device only, so CUDA graphs replay
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
 import triton.language as tl
 
 from ._capability import DeviceInfo, device_info
-from ._configs import MIN_DECODE_SPLITS, MIN_ROWS_PER_SPLIT, AttnConfig, attn_config
+from ._configs import MIN_DECODE_SPLITS, MIN_ROWS_PER_SPLIT, AttnConfig, attn_config, fp8_config
 from ._dims import D_LATENT, D_QK, D_ROPE, FP8_ROW_BYTES
 from .fp8_ds_mla import ROPE_OFFSET, SCALE_OFFSET
 
@@ -319,7 +319,12 @@ def _interleave(b_0, b_1, b_2, b_3):
 
 @triton.jit
 def _e4m3_group(
-    p_w, g: tl.constexpr, m_valid, GROUP: tl.constexpr, DECODE: tl.constexpr, dtype: tl.constexpr,
+    p_w,
+    g: tl.constexpr,
+    m_valid,
+    GROUP: tl.constexpr,
+    DECODE: tl.constexpr,
+    dtype: tl.constexpr,
     EVICT: tl.constexpr = "",
 ):
     """[BLOCK_N, GROUP] latent values g * GROUP .. of the rows at int32 pointers ``p_w``: the
@@ -597,9 +602,22 @@ def sparse_mla_attention(
         raise ValueError("out needs a contiguous last dimension")
     if num_tokens == 0:
         return out
-    _launch(q, kv_cache, indices, scale, out, workspace, plan(num_tokens, num_heads, topk,
-                                                              device_info(q.device)))  # fmt: skip
+    info = device_info(q.device)
+    p = plan(num_tokens, num_heads, topk, info)
+    if kv_cache.dtype == torch.uint8:
+        p = fp8_plan(p, info, q.dtype == torch.float16)
+    _launch(q, kv_cache, indices, scale, out, workspace, p)
     return out
+
+
+def fp8_plan(p: Plan, info: DeviceInfo, fp16_q: bool = True) -> Plan:
+    """The plan launched over fp8_ds_mla rows: the 16-bit plan's splits and head blocks, its tile
+    swapped where the fp8 read measured faster on another (``_configs.fp8_config``; measured
+    with fp16 q only, so bf16 q keeps the 16-bit plan's tile). The splits stay, so a workspace
+    sized by the 16-bit plans holds."""
+    if not fp16_q:
+        return p
+    return replace(p, cfg=fp8_config(p.cfg, info.max_shared_mem))
 
 
 def _launch(
@@ -694,6 +712,7 @@ def _launch(
 __all__ = [
     "Plan",
     "SparseMLAWorkspace",
+    "fp8_plan",
     "make_workspace",
     "plan",
     "sparse_mla_attention",
