@@ -249,14 +249,13 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                     partial(sparse_mla_attention, q, pool8, i, SCALE, out=o, workspace=ws)
                     for q, i, o in sets
                 ]
+                p8 = fp8_plan(p, info)  # what sparse_mla_attention launches over fp8 rows
                 try:
                     _emit(rows_out, _row("ours fp8_ds_mla", us=graph_time_us(torch, calls8),
-                                         plan=_plan_desc(fp8_plan(p, info), fp8=True),
-                                         **c8))  # fmt: skip
+                                         plan=_plan_desc(p8, fp8=True), **c8))  # fmt: skip
                 except Exception as exc:  # report, keep the 16-bit columns
                     MISSING[f"ours fp8 H={h} {label} {t}"] = repr(exc)[:300]
                 if args.sweep:
-                    p8 = fp8_plan(p, info)
                     time_variants(torch, args, fp8_sweep_plans(p8, kind, h, t), pool8, sets, ws,
                                   "fp8 variant", c8, rows_out)  # fmt: skip
             if args.sweep:

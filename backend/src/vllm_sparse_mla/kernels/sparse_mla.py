@@ -175,10 +175,8 @@ def _sparse_mla_kernel(
             if FP8_TILE:
                 b_kv = _e4m3_tile(p_w, b_sc, m_valid, GROUP, FP8_DECODE, b_q_nope.dtype)
             else:
-                b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
-                b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
-                b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
-                b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_DECODE, b_q0.dtype, KEEP)
+                b_k0, b_k1, b_k2, b_k3 = _e4m3_groups(p_w, m_valid, GROUP, FP8_DECODE, b_q0.dtype,
+                                                      KEEP)  # fmt: skip
                 b_sc02, b_sc13 = tl.split(tl.reshape(b_sc, [BLOCK_N, 2, 2]))
                 b_sc0, b_sc2 = tl.split(b_sc02)
                 b_sc1, b_sc3 = tl.split(b_sc13)
@@ -225,10 +223,8 @@ def _sparse_mla_kernel(
         if GROUPED:
             b_p = b_p * FP8_LIFT
             if LOGITS_T:  # the PV operand's own copy of the row bytes (see LOGITS_T)
-                b_k0 = _e4m3_group(p_w, 0, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
-                b_k1 = _e4m3_group(p_w, 1, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
-                b_k2 = _e4m3_group(p_w, 2, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
-                b_k3 = _e4m3_group(p_w, 3, m_valid, GROUP, FP8_DECODE, b_q0.dtype, "evict_first")
+                b_k0, b_k1, b_k2, b_k3 = _e4m3_groups(p_w, m_valid, GROUP, FP8_DECODE, b_q0.dtype,
+                                                      "evict_first")  # fmt: skip
             b_acc0 = _pv_group(b_p, b_sc0, b_k0, b_acc0, b_alpha, b_pv_dtype)
             b_acc1 = _pv_group(b_p, b_sc1, b_k1, b_acc1, b_alpha, b_pv_dtype)
             b_acc2 = _pv_group(b_p, b_sc2, b_k2, b_acc2, b_alpha, b_pv_dtype)
@@ -315,6 +311,18 @@ def _e4m3_words(b_w, DECODE: tl.constexpr):
 def _interleave(b_0, b_1, b_2, b_3):
     """[..., W] x 4 (byte i of word w) -> [..., W, 4]: value 4w + i."""
     return tl.join(tl.join(b_0, b_2), tl.join(b_1, b_3))
+
+
+@triton.jit
+def _e4m3_groups(p_w, m_valid, GROUP: tl.constexpr, DECODE: tl.constexpr, dtype: tl.constexpr,
+                 EVICT: tl.constexpr):  # fmt: skip
+    """The four scale groups of the rows (``_e4m3_group`` 0..3)."""
+    return (
+        _e4m3_group(p_w, 0, m_valid, GROUP, DECODE, dtype, EVICT),
+        _e4m3_group(p_w, 1, m_valid, GROUP, DECODE, dtype, EVICT),
+        _e4m3_group(p_w, 2, m_valid, GROUP, DECODE, dtype, EVICT),
+        _e4m3_group(p_w, 3, m_valid, GROUP, DECODE, dtype, EVICT),
+    )
 
 
 @triton.jit
