@@ -141,3 +141,25 @@ def test_plans_for_32_and_64_heads_per_device(heads, tokens):
     assert cfg.shared_bytes() <= 101376
     h200 = plan(tokens, heads, 2048, DeviceInfo((9, 0), 132, 232448))
     assert h200.cfg.block_h == heads and h200.head_blocks == 1
+
+
+@pytest.mark.parametrize("heads", [8, 16])
+def test_wide_16_head_tile_per_capability(heads):
+    """sm_90 takes the one-buffer 64-row tile for one-pass shapes (it beat the 3-stage tile in
+    three runs, _configs._H16_WIDE_NS2); sm_120 keeps its pipelined 32-row tile, and a device
+    of another capability with the H200's shared memory keeps the 3-stage wide tile."""
+    from vllm_sparse_mla.kernels._capability import DeviceInfo
+    from vllm_sparse_mla.kernels.sparse_mla import plan
+
+    def tile(p):
+        c = p.cfg
+        return (c.block_h, c.block_n, c.num_warps, c.num_stages)
+
+    h200 = DeviceInfo((9, 0), 132, 232448)
+    assert tile(plan(4096, heads, 2048, h200)) == (16, 64, 4, 2)
+    assert tile(plan(128, heads, 2048, h200)) == (16, 64, 4, 2)
+    assert tile(plan(32, heads, 2048, h200)) == (16, 32, 4, 3)  # split decode unchanged
+    assert tile(plan(4096, heads, 2048, DeviceInfo((10, 0), 148, 232448))) == (16, 64, 4, 3)
+    assert tile(plan(4096, heads, 2048, 188)) == (16, 32, 4, 3)
+    # same splits as the 3-stage tile (max_ctas_per_sm=1): workspaces and measured plans hold
+    assert plan(128, heads, 2048, h200).splits == 2

@@ -57,6 +57,15 @@ class AttnConfig:
 _H16 = AttnConfig(block_h=16, block_n=32, num_warps=4, num_stages=3)
 _H16_WIDE = AttnConfig(block_h=16, block_n=64, num_warps=4, num_stages=3, max_ctas_per_sm=1)
 _H16_SMALL = AttnConfig(block_h=16, block_n=16, num_warps=4, num_stages=3)
+# sm_90 only (the (9, 16, "prefill") key): the 64-row tile with one row buffer (~94 KB). It beat
+# _H16_WIDE in every run that timed both (8 heads, us, H200 run 7 / H100 2026-12-07 / H200
+# 2026-12-07d): prefill 4096 2049 / 2113 / 2050 against 2542 / 2640 / 2518, decode 128 85.4 /
+# 115.2 / 84.8 against 95.5 / 124.6 / 95.7; 16 heads (run 7) 2111 vs 3004 and 88.1 vs 109.4.
+# Not profiled; the likely reason: at ~94 KB two CTAs fit an SM's 228 KB, and one's gather runs
+# under the other's wgmma dots in place of a ring. max_ctas_per_sm=1 keeps the split counts those
+# runs measured. Not for sm_120: it fits 101376 B there, but ~100 KB per SM holds one CTA, so
+# its one row buffer would leave the gather not overlapped at all.
+_H16_WIDE_NS2 = AttnConfig(block_h=16, block_n=64, num_warps=4, num_stages=2, max_ctas_per_sm=1)
 _H32 = AttnConfig(block_h=32, block_n=32, num_warps=8, num_stages=3)
 _H32_WIDE = AttnConfig(block_h=32, block_n=64, num_warps=8, num_stages=3, max_ctas_per_sm=1)
 _H32_SMALL = AttnConfig(block_h=32, block_n=16, num_warps=8, num_stages=4)
@@ -101,6 +110,7 @@ def fp8_config(cfg: AttnConfig, max_shared_mem: int) -> AttnConfig:
 ATTN_CONFIGS: dict[tuple[int | None, int, str], tuple[AttnConfig, ...]] = {
     (None, 16, "decode"): (_H16, _H16_SMALL),
     (None, 16, "prefill"): (_H16_WIDE, _H16, _H16_SMALL),
+    (9, 16, "prefill"): (_H16_WIDE_NS2, _H16_WIDE, _H16, _H16_SMALL),
     # 32 and 64 heads: one tile over all heads reads each row once where it fits (H200:
     # 232448 B). Where it does not (sm_120: 101376 B), 16-head blocks of the pipelined 32-row
     # tile, each re-reading the rows mostly from L2: at 64 heads on the H200 (RESULTS.md run 7)
