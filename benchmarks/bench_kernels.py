@@ -435,8 +435,15 @@ def fp8_sweep_plans(p, kind, h, t):
     c = AttnConfig
     if h <= 16:
         cfgs = [c(16, 32, 4, 3), c(16, 32, 4, 4), c(16, 16, 4, 4), c(16, 64, 4, 3, 1)]
+        # the f8 read at 8 warps (f8 BN64 w4 ran out of registers: 255) and at one row buffer
+        # (BH16 BN64 ns2 beat the 3-stage tile over 16-bit rows, _configs._H16_WIDE_NS2)
+        f8_only = [c(16, 32, 8, 3), c(16, 64, 8, 3, 1), c(16, 64, 8, 2, 1), c(16, 64, 4, 2, 1)]
     else:
         cfgs = [c(64, 64, 8, 2, 1), c(64, 32, 8, 3, 1)]
+        f8_only = []
+    for cfg in f8_only:
+        if replace(cfg, fp8_decode="f8") != p.cfg:
+            out.append(Plan(replace(cfg, fp8_decode="f8"), -(-h // cfg.block_h), p.splits))
     for cfg in cfgs:
         for r, d in (("group", "cvt"), ("tile", "cvt"), ("group", "f8")):
             cfg2 = replace(cfg, fp8_read=r, fp8_decode=d)
