@@ -207,7 +207,7 @@ def attn_shapes(quick):
 
 
 def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
-    from vllm_sparse_mla.kernels import make_workspace, sparse_mla_attention
+    from vllm_sparse_mla.kernels import make_workspace, sparse_mla, sparse_mla_attention
     from vllm_sparse_mla.kernels._capability import device_info
     from vllm_sparse_mla.kernels.sparse_mla import fp8_plan, plan
 
@@ -243,6 +243,13 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 del sets
                 continue
             _emit(rows_out, _row("ours", us=us, plan=_plan_desc(p), **common))
+            if args.sweep and p.splits > 1:  # the same plan, combine launched plainly
+                sparse_mla.USE_PDL = False
+                try:
+                    _emit(rows_out, _row("variant no PDL", us=graph_time_us(torch, calls),
+                                         plan=_plan_desc(p), **common))  # fmt: skip
+                finally:
+                    sparse_mla.USE_PDL = True
             if pool8 is not None:
                 c8 = dict(common, kv_bytes=t * TOPK * FP8_ROW_BYTES)
                 calls8 = [

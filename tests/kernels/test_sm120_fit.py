@@ -34,6 +34,13 @@ def test_every_launched_config_fits_sm120(capsys):
     fp8 = [r for r in attn if " fp8 " in r.name]
     assert len(fp8) * 2 == len(attn), "every attention plan also cross-compiled over fp8 rows"
     assert any(r.name.startswith("fp8_ds_mla write") for r in rows)
+    # split plans: the combine is a programmatic dependent launch (sparse_mla.use_pdl): the
+    # attention grid signals it, the combine waits for the partials before reading them
+    combine = [r for r in rows if r.name.startswith("combine")]
+    assert combine and all(r.griddep == ("wait",) for r in combine), [r.griddep for r in combine]
+    split = [r for r in attn if r.name.startswith("attn split")]
+    assert all(r.griddep == ("launch_dependents",) for r in split), [r.griddep for r in split]
+    assert all(r.griddep == () for r in attn if r.name.startswith("attn 1pass"))
     # every sm_120 plan over fp8 rows is a 16-head tile; with fp16 q it is launched as the "f8"
     # read (fp8_plan): no dequantized 16-bit tile passes through shared memory in its loop
     # (group/cvt stores one [rows, 128] tile per scale group and step, the traffic that made it

@@ -42,6 +42,7 @@ class FitResult:
     # scale groups on their way to a dot operand (the "f8" read has none)
     loop_tile_allocs: int | None = None
     sass: int = 0  # SASS instructions in the cubin (a static cost proxy: fp8 vs 16-bit rows)
+    griddep: tuple[str, ...] = ()  # griddepcontrol ops in the PTX (programmatic dependent launch)
 
 
 def _cuobjdump() -> Path:
@@ -144,6 +145,7 @@ def compile_for_sm120(
     local = int(re.search(r"LOCAL:(\d+)", res).group(1))
     out = FitResult(name, int(compiled.metadata.shared), regs, local, num_warps)
     out.sass = len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", res, re.M))
+    out.griddep = tuple(sorted(set(re.findall(r"griddepcontrol\.(\w+)", compiled.asm["ptx"]))))
     if block_n is not None:
         out.ring_depth, out.loop_full_wait, out.loop_async_copies = pipelining(
             compiled.asm["ttgir"], block_n, row
@@ -186,6 +188,7 @@ def launched_configs():
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
                 **sparse_mla.row_flags(cfg, fp8, SM120.capability),
+                PDL=sparse_mla.use_pdl(p.splits, SM120.capability),
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
             cache = "fp8 " if fp8 else ""
@@ -203,7 +206,7 @@ def launched_configs():
                      "stride_ot": h * 512, "stride_oh": 512},
                     dict(NUM_HEADS=h, SPLITS=p.splits,
                          SPLITS_PAD=triton.next_power_of_2(p.splits), D_LATENT=D_LATENT,
-                         BLOCK_D=bd),
+                         BLOCK_D=bd, PDL=sparse_mla.use_pdl(p.splits, SM120.capability)),
                     4, 2, None,
                 )  # fmt: skip
     for dtype in ("fp16", "bf16"):
@@ -265,11 +268,13 @@ def format_table(rows: list[FitResult]) -> str:
     lines = [
         f"kernel config (sm_120, triton {triton.__version__})".ljust(56)
         + f"{'shared B':>9} {'regs':>5} {'spill B':>7} {'ring':>5} {'loop wait0':>10} {'SASS':>5}"
+        + " PDL"
     ]
     for r in rows:
         ring = "-" if r.ring_depth is None else str(r.ring_depth)
         wait = "-" if r.loop_full_wait is None else ("YES" if r.loop_full_wait else "no")
         cols = f"{r.shared:9d} {r.registers:5d} {r.local:7d} {ring:>5} {wait:>10} {r.sass:5d}"
+        cols += f" {','.join(r.griddep) or '-'}"
         lines.append(f"{r.name:56}{cols}")
     return "\n".join(lines)
 
