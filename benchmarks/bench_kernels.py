@@ -243,13 +243,15 @@ def bench_attention(torch, args, copy_tbs, mm_tflops, vllm_ops, rows_out):
                 del sets
                 continue
             _emit(rows_out, _row("ours", us=us, plan=_plan_desc(p), **common))
-            if args.sweep and p.splits > 1:  # the same plan, combine launched plainly
-                sparse_mla.USE_PDL = False
+            if args.sweep and p.splits > 1:  # the same plan, the combine's launch the other way
+                default_pdl = sparse_mla.USE_PDL
+                sparse_mla.USE_PDL = not default_pdl
                 try:
-                    _emit(rows_out, _row("variant no PDL", us=graph_time_us(torch, calls),
-                                         plan=_plan_desc(p), **common))  # fmt: skip
+                    name = "variant no PDL" if default_pdl else "variant PDL"
+                    _emit(rows_out, _row(name, us=graph_time_us(torch, calls), plan=_plan_desc(p),
+                                         **common))  # fmt: skip
                 finally:
-                    sparse_mla.USE_PDL = True
+                    sparse_mla.USE_PDL = default_pdl
             if pool8 is not None:
                 c8 = dict(common, kv_bytes=t * TOPK * FP8_ROW_BYTES)
                 calls8 = [

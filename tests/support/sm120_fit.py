@@ -188,7 +188,7 @@ def launched_configs():
                 HEAD_BLOCKS=p.head_blocks, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
                 D_LATENT=D_LATENT, D_ROPE=D_ROPE, KV_BLOCK=64, FLAT_SLOTS=True, DOT_F32=False,
                 **sparse_mla.row_flags(cfg, fp8, SM120.capability),
-                PDL=sparse_mla.use_pdl(p.splits, SM120.capability),
+                PDL=sparse_mla.use_pdl(p.splits, SM120.capability, True),
             )  # fmt: skip
             kind = f"split{p.splits}" if p.splits > 1 else "1pass"
             cache = "fp8 " if fp8 else ""
@@ -206,7 +206,7 @@ def launched_configs():
                      "stride_ot": h * 512, "stride_oh": 512},
                     dict(NUM_HEADS=h, SPLITS=p.splits,
                          SPLITS_PAD=triton.next_power_of_2(p.splits), D_LATENT=D_LATENT,
-                         BLOCK_D=bd, PDL=sparse_mla.use_pdl(p.splits, SM120.capability)),
+                         BLOCK_D=bd, PDL=sparse_mla.use_pdl(p.splits, SM120.capability, True)),
                     4, 2, None,
                 )  # fmt: skip
     for dtype in ("fp16", "bf16"):

@@ -461,10 +461,12 @@ class Plan:
         return "decode" if self.splits > 1 else "prefill"
 
 
-def use_pdl(splits: int, capability: tuple[int, int] | None) -> bool:
+def use_pdl(splits: int, capability: tuple[int, int] | None, enabled: bool | None = None) -> bool:
     """Launch the combine as a programmatic dependent of the attention grid? (split plans on
-    sm_90+; ``capability`` None = the interpreter). The sm_120 cross-compile takes it from here."""
-    return splits > 1 and USE_PDL and capability is not None and capability >= (9, 0)
+    sm_90+ while ``enabled``, default USE_PDL; ``capability`` None = the interpreter). The sm_120
+    cross-compile takes it from here, enabled, so the PDL build is checked either way."""
+    on = USE_PDL if enabled is None else enabled
+    return splits > 1 and on and capability is not None and capability >= (9, 0)
 
 
 def combine_block_d(splits: int) -> int:
